@@ -1,0 +1,357 @@
+"""The template: a pre-warmed, single-threaded process that forks workers.
+
+    parent process                         template (one per parent, numpy imported)
+    --------------                         -------------------------------------------
+    Template.connect() --ctl socket-------> accepts one SEQPACKET connection per pool
+    pool conn: ("spawn", req, slot) + fd -> fork(); child runs _worker.main(board, slot)
+              <- ("pid", req, pid) + pidfd
+              <- ("exit", pid, exitcode)     SIGCHLD -> waitpid -> report
+
+Why: forking the parent is unsafe while it runs threads (the pool itself runs
+threads), and spawning a fresh interpreter costs ~100 ms of imports per
+worker.  The template is started once with subprocess (safe with threads),
+imports numpy once, and forks a ready worker in about a millisecond.
+
+Leftovers cannot outlive the parent: the template runs in its own session,
+kills every worker when the parent's socket reaches EOF, and each worker has
+PR_SET_PDEATHSIG=SIGKILL on the template.  The template lives as long as its
+parent process (like multiprocessing's forkserver); ``shutdown_template()``
+ends it early.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import pickle
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+_MAX_MSG = 1 << 16
+_PR_SET_PDEATHSIG = 1
+ENV_FLAG = "FASTPOOL_TEMPLATE"
+BOOTING = False  # True while the template runs the parent's main script
+
+
+def _send(sock: socket.socket, msg: Any, fds: list[int] = ()) -> None:  # type: ignore[assignment]
+    data = pickle.dumps(msg, 5)
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.send(data)
+
+
+def _recv(sock: socket.socket) -> tuple[Any, list[int]]:
+    """(message, fds); (None, []) at EOF."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 8)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return pickle.loads(data), fds
+
+
+# ---- parent side -------------------------------------------------------------------
+
+
+class Template:
+    """The parent's handle on its template process.  Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+        self._owner_pid = -1
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def _start(self) -> None:
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ)
+        env[ENV_FLAG] = "1"
+        # The template imports numpy before any pool exists, so BLAS pools are
+        # sized here: one thread per worker unless the user said otherwise;
+        # workers raise it with threadpoolctl when a pool has spare cores.
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "BLIS_NUM_THREADS"):
+            env.setdefault(var, "1")
+        code = f"from fastpool._template import serve; serve({child_end.fileno()})"
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                pass_fds=[child_end.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # Ctrl-C in the terminal is the parent's to handle
+            )
+        finally:
+            child_end.close()
+        config = {
+            "sys_path": list(sys.path),
+            "cwd": os.getcwd(),
+            "main": _main_path(),
+            "parent": os.getpid(),
+        }
+        try:
+            _send(parent_end, ("config", config))
+            parent_end.settimeout(60)
+            msg, _ = _recv(parent_end)
+            parent_end.settimeout(None)
+        except OSError as exc:
+            msg = None
+            err: Any = exc
+        else:
+            err = msg
+        if not msg or msg[0] != "ready":
+            proc.kill()
+            proc.wait()
+            parent_end.close()
+            raise RuntimeError(f"fastpool's worker template failed to start: {err!r}")
+        self._proc, self._ctl, self._owner_pid = proc, parent_end, os.getpid()
+
+    def connect(self) -> socket.socket:
+        """A new connection to the template, for one pool.  Starts it if needed."""
+        with self._lock:
+            if self._owner_pid != os.getpid():  # inherited across a fork: not ours
+                self._proc, self._ctl = None, None
+            if self._proc is not None and self._proc.poll() is not None:
+                self._close_locked()
+            if self._proc is None:
+                self._start()
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                assert self._ctl is not None
+                _send(self._ctl, ("pool",), [theirs.fileno()])
+            finally:
+                theirs.close()
+            return mine
+
+    def _close_locked(self, timeout: float = 5.0) -> None:
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._owner_pid == os.getpid():
+                self._close_locked()
+
+
+_TEMPLATE = Template()
+
+
+def template() -> Template:
+    return _TEMPLATE
+
+
+def shutdown_template() -> None:
+    """Stops this process's template (and any worker it still has).  Safe to call twice."""
+    _TEMPLATE.close()
+
+
+atexit.register(shutdown_template)
+
+
+def _main_path() -> str | None:
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or getattr(sys, "ps1", None) or not path.endswith(".py"):
+        return None
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and not spec.name.startswith("__"):
+        return None  # run with -m: the module is importable by name
+    return os.path.abspath(path)
+
+
+# ---- template side -----------------------------------------------------------------
+
+
+def _prctl_pdeathsig(sig: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(fd: int) -> None:
+    """The template's main loop.  Returns only to exit."""
+    ctl = socket.socket(fileno=fd)
+    msg, _ = _recv(ctl)
+    if not msg or msg[0] != "config":
+        os._exit(2)
+    config = msg[1]
+    sys.path[:] = config["sys_path"]
+    try:
+        os.chdir(config["cwd"])
+    except OSError:
+        pass
+    parent = config["parent"]
+    _prctl_pdeathsig(signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
+    import numpy  # noqa: F401  (preloaded: every worker forks with it)
+
+    from fastpool import _worker  # noqa: F401
+
+    if config["main"]:
+        _load_main(config["main"])
+    _send(ctl, ("ready", os.getpid()))
+
+    sel = selectors.DefaultSelector()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sel.register(ctl, selectors.EVENT_READ, "ctl")
+    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    conns: dict[int, socket.socket] = {}
+    owner: dict[int, socket.socket] = {}  # worker pid -> the pool connection that asked
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = owner.pop(pid, None)
+            if conn is not None and conn.fileno() >= 0:
+                try:
+                    _send(conn, ("exit", pid, os.waitstatus_to_exitcode(status)))
+                except OSError:
+                    pass
+
+    def kill_workers(of: socket.socket | None) -> None:
+        for pid, conn in list(owner.items()):
+            if of is None or conn is of:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    while True:
+        for key, _ev in sel.select():
+            if key.data == "wake":
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                reap()
+            elif key.data == "ctl":
+                msg, fds = _recv(ctl)
+                if msg is None:  # the parent is gone: nothing may outlive it
+                    kill_workers(None)
+                    for _ in range(200):
+                        reap()
+                        if not owner:
+                            break
+                        signal.sigtimedwait([signal.SIGCHLD], 0.01)
+                    os._exit(0)
+                if msg[0] == "pool" and fds:
+                    conn = socket.socket(fileno=fds[0])
+                    conns[conn.fileno()] = conn
+                    sel.register(conn, selectors.EVENT_READ, "pool")
+            else:
+                conn = key.fileobj
+                assert isinstance(conn, socket.socket)
+                try:
+                    msg, fds = _recv(conn)
+                except OSError:
+                    msg, fds = None, []
+                if msg is None:
+                    kill_workers(conn)
+                    sel.unregister(conn)
+                    conns.pop(conn.fileno(), None)
+                    for pid, c in list(owner.items()):
+                        if c is conn:
+                            owner[pid] = None  # type: ignore[assignment]
+                    conn.close()
+                    continue
+                if msg[0] == "spawn":
+                    _spawn(conn, msg, fds, owner, [ctl, wake_r, wake_w, *conns.values()])
+
+
+def _spawn(conn: socket.socket, msg: tuple, fds: list[int], owner: dict, close_in_child: list) -> None:
+    _, req, slot, env = msg
+    board_fd = fds[0]
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 70
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+                for obj in close_in_child:
+                    try:
+                        obj.close() if hasattr(obj, "close") else os.close(obj)
+                    except OSError:
+                        pass
+                template_pid = os.getppid()
+                _prctl_pdeathsig(signal.SIGKILL)
+                if os.getppid() != template_pid:
+                    os._exit(0)
+                os.environ.update(env)
+                from fastpool import _worker
+
+                code = _worker.main(board_fd, slot, env)
+            except BaseException:  # the child must never return into the template's loop
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        pidfd = os.pidfd_open(pid)
+        owner[pid] = conn
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    os.close(board_fd)
+    try:
+        _send(conn, ("pid", req, pid), [pidfd])
+    except OSError:
+        pass
+    os.close(pidfd)
+
+
+def _load_main(path: str) -> None:
+    """Runs the parent's main script as ``__mp_main__`` (multiprocessing's rule), so
+    classes defined there unpickle in workers.  A script without the
+    ``if __name__ == "__main__":`` guard would start pools here: that fails and is ignored."""
+    import runpy
+    import types
+
+    global BOOTING
+    BOOTING = True
+    try:
+        mod = types.ModuleType("__mp_main__")
+        sys.modules["__mp_main__"] = mod
+        namespace = runpy.run_path(path, run_name="__mp_main__")
+        mod.__dict__.update(namespace)
+        sys.modules["__main__"] = mod
+    except BaseException as exc:  # noqa: BLE001 - never let user code kill the template
+        sys.modules.pop("__mp_main__", None)
+        print(f"fastpool: could not import {path} in the worker template ({exc!r}); "
+              "functions from it are sent by value instead", file=sys.stderr)
+    finally:
+        BOOTING = False

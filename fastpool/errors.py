@@ -1,0 +1,296 @@
+"""The exceptions fastpool raises, and which situation raises each.
+
+Every class inherits what callers of ``concurrent.futures`` already catch
+(``BrokenProcessPool``, ``TimeoutError``, ``RuntimeError``...), keeps its facts in
+attributes, and pickles (it crosses process boundaries), whatever its
+constructor's signature: ``FastPoolError.__reduce__`` rebuilds from ``__dict__``.
+
+    FastPoolError(Exception)
+    +-- BrokenPool(FastPoolError, BrokenProcessPool)
+    |   +-- WorkerCrashed            .worker_id .pid .exitcode .signal_name .task_id .cause
+    |   |   +-- PoisonTask           the task killed a second worker after a retry
+    |   |   +-- WorkerHung           heartbeat stopped (also a TimeoutError)
+    |   |   +-- WorkerMemoryError    memory limit or kernel OOM kill (also a MemoryError)
+    |   +-- InitializerError         the initializer raised or exited
+    +-- TaskTimeout(FastPoolError, TimeoutError)
+    +-- CircuitOpen(FastPoolError, RuntimeError)   .retry_after_s .last_cause
+    +-- PoolClosed(FastPoolError, RuntimeError)
+    +-- QueueFull(FastPoolError, queue.Full)
+    +-- SerializationError(FastPoolError, pickle.PicklingError)
+    +-- RemoteError(FastPoolError)                 an exception that could not be pickled
+    +-- DetachedBufferError(FastPoolError, ValueError)
+    +-- SharedMemoryError(FastPoolError, MemoryError)
+    +-- SegmentCorrupt(FastPoolError)
+
+Stdlib only: this module sits under everything else, ``_core`` included.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import signal
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+__all__ = [
+    "FastPoolError",
+    "BrokenPool",
+    "WorkerCrashed",
+    "PoisonTask",
+    "WorkerHung",
+    "WorkerMemoryError",
+    "InitializerError",
+    "TaskTimeout",
+    "CircuitOpen",
+    "PoolClosed",
+    "QueueFull",
+    "SerializationError",
+    "RemoteError",
+    "DetachedBufferError",
+    "SharedMemoryError",
+    "SegmentCorrupt",
+    "signal_name",
+]
+
+
+def _restore(cls: type, args: tuple, state: dict) -> BaseException:
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+def signal_name(exitcode: int | None) -> str | None:
+    """``-9`` -> ``"SIGKILL"``; None for a normal exit or an unknown code."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+class FastPoolError(Exception):
+    """Base class of every error fastpool raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("__traceback__",)}
+        return (_restore, (type(self), self.args, state))
+
+
+class BrokenPool(FastPoolError, BrokenProcessPool):
+    """The pool could not run a task because a worker process failed."""
+
+
+class WorkerCrashed(BrokenPool):
+    """The worker died while it held this task (signal, ``os._exit``, segfault, OOM kill).
+
+    Only the task the worker was running fails; the pool replaces the worker and
+    goes on. ``exitcode`` follows ``multiprocessing``: negative means killed by
+    that signal (``signal_name`` spells it).
+    """
+
+    cause = "died"
+
+    def __init__(
+        self,
+        worker_id: int,
+        pid: int | None,
+        exitcode: int | None,
+        task_id: int | None = None,
+        detail: str = "",
+    ) -> None:
+        super().__init__(worker_id, pid, exitcode, task_id, detail)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        self.task_id = task_id
+        self.detail = detail
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal_name(self.exitcode)
+
+    def _how(self) -> str:
+        if self.exitcode is None:
+            return "with an unknown exit status"
+        if self.exitcode < 0:
+            return f"of {self.signal_name}"
+        return f"with exit code {self.exitcode}"
+
+    def __str__(self) -> str:
+        msg = (
+            f"worker {self.worker_id} (pid {self.pid}) died {self._how()} while running "
+            f"task {self.task_id}"
+        )
+        if self.exitcode == -signal.SIGKILL:
+            msg += "; SIGKILL that fastpool did not send is often the kernel's OOM killer"
+        if self.exitcode == -signal.SIGSEGV:
+            msg += "; a segfault is a bug in native code called by the task"
+        if self.detail:
+            msg += f"; {self.detail}"
+        return msg
+
+
+class PoisonTask(WorkerCrashed):
+    """A task retried once (``pure=True``) killed a second worker; it is not retried again."""
+
+    cause = "poison"
+
+    def __str__(self) -> str:
+        return "poison task: it killed two workers; " + super().__str__()
+
+
+class WorkerHung(WorkerCrashed, TimeoutError):
+    """The worker's heartbeat stopped (SIGSTOP, a C call holding the GIL); it was killed."""
+
+    cause = "hung"
+
+    def __str__(self) -> str:
+        return (
+            f"worker {self.worker_id} (pid {self.pid}) stopped beating while running task "
+            f"{self.task_id} and was killed; {self.detail}"
+        ).rstrip("; ")
+
+
+class WorkerMemoryError(WorkerCrashed, MemoryError):
+    """The worker was killed for memory: over ``memory_limit`` or by the kernel's OOM killer.
+
+    ``reason`` is ``"memory-limit"`` or ``"oom-killer"``; ``limit_bytes``,
+    ``rss_bytes`` (last sample) and ``peak_rss_bytes`` say what was seen.
+    """
+
+    cause = "memory"
+
+    def __init__(
+        self,
+        worker_id: int,
+        pid: int | None,
+        exitcode: int | None,
+        task_id: int | None = None,
+        detail: str = "",
+        *,
+        reason: str = "memory-limit",
+        limit_bytes: int | None = None,
+        rss_bytes: int | None = None,
+        peak_rss_bytes: int | None = None,
+    ) -> None:
+        super().__init__(worker_id, pid, exitcode, task_id, detail)
+        self.reason = reason
+        self.limit_bytes = limit_bytes
+        self.rss_bytes = rss_bytes
+        self.peak_rss_bytes = peak_rss_bytes
+
+    def __str__(self) -> str:
+        mib = lambda n: "?" if n is None else f"{n / 2**20:.0f} MiB"  # noqa: E731
+        who = "the kernel's OOM killer" if self.reason == "oom-killer" else "fastpool"
+        msg = (
+            f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by "
+            f"{who} ({self.reason}): limit {mib(self.limit_bytes)}, last RSS "
+            f"{mib(self.rss_bytes)}, peak RSS {mib(self.peak_rss_bytes)}"
+        )
+        return msg + (f"; {self.detail}" if self.detail else "")
+
+
+class InitializerError(BrokenPool):
+    """The pool's ``initializer`` raised or exited in a worker; the slot backs off."""
+
+    def __init__(self, message: str, worker_id: int | None = None) -> None:
+        super().__init__(message, worker_id)
+        self.message = message
+        self.worker_id = worker_id
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TaskTimeout(FastPoolError, TimeoutError):
+    """The task ran past its timeout; its worker was killed and replaced."""
+
+    def __init__(self, task_id: int | None, timeout_s: float, worker_id: int | None = None) -> None:
+        super().__init__(task_id, timeout_s, worker_id)
+        self.task_id = task_id
+        self.timeout_s = timeout_s
+        self.worker_id = worker_id
+
+    def __str__(self) -> str:
+        return (
+            f"task {self.task_id} ran longer than its timeout of {self.timeout_s:g} s; its "
+            f"worker {self.worker_id} was killed and replaced"
+        )
+
+
+class CircuitOpen(FastPoolError, RuntimeError):
+    """Every worker slot's breaker is open: the pool fails fast instead of crash-looping."""
+
+    def __init__(self, retry_after_s: float, last_cause: str = "") -> None:
+        super().__init__(retry_after_s, last_cause)
+        self.retry_after_s = retry_after_s
+        self.last_cause = last_cause
+
+    def __str__(self) -> str:
+        return (
+            f"every worker failed repeatedly, so the pool stopped restarting them; it will "
+            f"try again in {self.retry_after_s:.1f} s. Last failure: {self.last_cause or '?'}"
+        )
+
+
+class PoolClosed(FastPoolError, RuntimeError):
+    """The pool was shut down (or is draining) and takes no new work."""
+
+    def __init__(self, message: str = "cannot schedule new tasks after the pool was shut down") -> None:
+        super().__init__(message)
+
+
+class QueueFull(FastPoolError, queue.Full):
+    """The pool's queue is at ``max_queue`` and ``submit`` was told not to wait."""
+
+    def __init__(self, max_queue: int, timeout_s: float | None = None) -> None:
+        super().__init__(max_queue, timeout_s)
+        self.max_queue = max_queue
+        self.timeout_s = timeout_s
+
+    def __str__(self) -> str:
+        waited = "" if not self.timeout_s else f" after waiting {self.timeout_s:g} s"
+        return (
+            f"the pool's queue is full ({self.max_queue} tasks){waited}; wait for results "
+            f"before submitting more, or raise max_queue"
+        )
+
+
+class SerializationError(FastPoolError, pickle.PicklingError):
+    """An argument or a result could not be pickled (or unpickled) to cross processes."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(what, reason)
+        self.what = what
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.what} could not cross to another process: {self.reason}"
+
+
+class RemoteError(FastPoolError):
+    """A task raised an exception that could not be pickled; this carries what it said."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str = "") -> None:
+        super().__init__(type_name, message, traceback_text)
+        self.type_name = type_name
+        self.message = message
+        self.traceback_text = traceback_text
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message} (the exception itself could not be pickled)"
+
+
+class DetachedBufferError(FastPoolError, ValueError):
+    """The array was handed to a task with ``fastpool.transfer``; this handle is dead."""
+
+
+class SharedMemoryError(FastPoolError, MemoryError):
+    """Shared memory could not be had for a request; the message says how much is free."""
+
+
+class SegmentCorrupt(FastPoolError):
+    """A shared segment's magic or layout version did not match on attach."""

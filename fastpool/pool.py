@@ -1,0 +1,1078 @@
+"""The public Pool: a concurrent.futures.Executor over a shared-memory board.
+
+Data flow:
+
+    submit() -------- pickle outside the lock --------+
+      |  pool lock: FIFO queue -> LIFO idle slot       |
+      v                                                v
+    board task ring (slot i) ====> worker i: pop, run, push ====> board result ring (slot i)
+                                                                        |
+    result() / map() on the caller's thread  <--- drive: poll rings, ----+
+    (or the collector thread, when nobody     return capacity, dispatch
+     waits)                                   queued work, THEN settle futures
+
+    supervisor thread: pidfds of workers, the template connection, timers
+      death  -> record it, flag the board; the driver fails exactly the task the
+                slot held (slot.current) and requeues tasks it never started
+      timers -> restarts (backoff + jitter, breaker), task timeouts, heartbeats
+
+Two threads never consume the result rings at once: whoever holds the drive
+lock does.  A thread blocked in result() takes the lock from the collector
+thread (which yields it at once), so a result reaches its waiter without a
+thread hand-off; the collector serves callbacks and futures nobody waits on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import heapq
+import itertools
+import logging
+import math
+import os
+import selectors
+import signal
+import socket
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import CancelledError, Executor, Future
+from concurrent.futures import TimeoutError as FuturesTimeout
+from itertools import islice
+from typing import Any, Callable, Iterable, Iterator
+
+from fastpool import _codec, _policy, _sizing, _template, _worker, errors
+from fastpool._codec import (
+    K_CALL,
+    K_INIT,
+    K_STOP,
+    R_BAD_RESULT,
+    R_ERR,
+    R_INIT_FAILED,
+    R_OK,
+    R_READY,
+)
+from fastpool._core import Board
+
+log = logging.getLogger("fastpool")
+
+DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched pages cost
+PARENT_SPIN_S = float(os.environ.get("FASTPOOL_PARENT_SPIN_US", "80")) * 1e-6
+PARK_SLICE_S = 0.05  # every wait returns this often, so Ctrl-C and deadlines are seen
+MAX_PREFETCH = 16
+STOP_GRACE_S = 2.0
+EXIT_STATUS_WAIT_S = 1.0
+
+_ids = itertools.count(1)
+_live_pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+_tls = threading.local()
+
+
+def _shutdown_all_at_exit() -> None:
+    for pool in list(_live_pools):
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        except Exception:  # noqa: BLE001 - interpreter teardown: best effort
+            pass
+
+
+atexit.register(_shutdown_all_at_exit)
+
+
+class _PoolFuture(Future):
+    """A Future whose result() drives the pool itself instead of sleeping on a condition."""
+
+    _pool: "Pool | None" = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done() and self._pool is not None:
+            self._pool._drive(self.done, timeout)
+            if not self.done():
+                raise FuturesTimeout()
+        return super().result(timeout=0 if self.done() else timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.done() and self._pool is not None:
+            self._pool._drive(self.done, timeout)
+            if not self.done():
+                raise FuturesTimeout()
+        return super().exception(timeout=0 if self.done() else timeout)
+
+
+class _Task:
+    __slots__ = ("id", "future", "payload", "fn_name", "options", "attempts", "slot",
+                 "t_submit", "t_dispatch", "summary")
+
+    def __init__(self, tid: int, future: _PoolFuture, payload: bytes, fn_name: str,
+                 options: _policy.TaskOptions | None, summary: str) -> None:
+        self.id = tid
+        self.future = future
+        self.payload = payload
+        self.fn_name = fn_name
+        self.options = options
+        self.attempts = 0
+        self.slot = -1
+        self.t_submit = time.monotonic()
+        self.t_dispatch = 0.0
+        self.summary = summary
+
+
+class _Slot:
+    __slots__ = ("id", "state", "pid", "pidfd", "assigned", "breaker", "spawned_at", "ready_at",
+                 "answered", "served", "kill_reason", "req", "cur_seen", "cur_since", "hb_seen",
+                 "hb_since", "init_error", "restart_at")
+
+    def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
+        self.id = sid
+        self.state = "empty"  # empty, starting, ready, dead, backing_off, open, stopping
+        self.pid: int | None = None
+        self.pidfd: int | None = None
+        self.assigned: deque[int] = deque()
+        self.breaker = breaker
+        self.spawned_at = 0.0
+        self.ready_at = 0.0
+        self.answered = False
+        self.served = 0
+        self.kill_reason: tuple[str, int | None, str] | None = None
+        self.req = 0
+        self.cur_seen = 0
+        self.cur_since = 0.0
+        self.hb_seen = -1
+        self.hb_since = 0.0
+        self.init_error: BaseException | None = None
+        self.restart_at: float | None = None
+
+
+def _summarise(args: tuple, kwargs: dict) -> str:
+    """Argument shapes for crash records: types, array shapes and sizes, never data."""
+    def one(a: Any) -> str:
+        shape = getattr(a, "shape", None)
+        if shape is not None and hasattr(a, "dtype"):
+            return f"ndarray{tuple(shape)} {a.dtype} {getattr(a, 'nbytes', 0)} B"
+        if isinstance(a, (list, tuple, dict, set)):
+            return f"{type(a).__name__}[{len(a)}]"
+        return type(a).__name__
+    parts = [one(a) for a in args[:8]] + [f"{k}={one(v)}" for k, v in list(kwargs.items())[:8]]
+    return ", ".join(parts)
+
+
+class Pool(Executor):
+    """A process pool for NumPy batch work: fast hops, supervised workers.
+
+    ``Pool(workers=None, *, initializer=None, initargs=(), max_queue=None,
+    on_full="block", task_timeout=None, hang_timeout=None, ...)``
+
+    - ``workers``: number of worker processes; default: the CPUs this process may
+      use (affinity and cgroup quota), see README "Sizing".
+    - ``initializer(*initargs)`` runs in every worker, replacements included,
+      before it takes work.  One that raises or exits counts as a failure of its
+      slot: the slot backs off and, after ``max_failures`` in a row, its breaker opens.
+    - ``max_queue``: tasks accepted but not yet handed to a worker (default
+      ``256 * workers``).  When full, ``submit`` blocks (``on_full="block"``,
+      optionally with ``queue_timeout``) or raises ``QueueFull`` (``on_full="reject"``).
+    - ``task_timeout``: default per-task run time limit in seconds; a task over it
+      fails with ``TaskTimeout`` and its worker is killed and replaced.
+    - ``hang_timeout``: seconds without a heartbeat after which a busy worker is
+      declared hung (``WorkerHung``) and replaced; default 10 s.
+
+    Thread safety: ``submit``, ``map``, ``imap_unordered``, ``stats`` and
+    ``shutdown`` may be called from any number of threads at once.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple = (),
+        max_queue: int | None = None,
+        on_full: str = "block",
+        queue_timeout: float | None = None,
+        task_timeout: float | None = None,
+        hang_timeout: float | None = 10.0,
+        ring_bytes: int = DEFAULT_RING_BYTES,
+        backoff_base_s: float = 0.25,
+        backoff_cap_s: float = 30.0,
+        max_failures: int = 6,
+        breaker_open_s: float = 300.0,
+        blas_threads: int | None = None,
+    ) -> None:
+        if _template.BOOTING:
+            raise RuntimeError(
+                "a fastpool.Pool was created while the worker template imported your main "
+                "script; guard the code that creates pools with `if __name__ == \"__main__\":`"
+            )
+        if workers is None:
+            workers = _sizing.default_workers()
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be a positive int, not {workers!r}")
+        if on_full not in ("block", "reject"):
+            raise ValueError(f"on_full must be 'block' or 'reject', not {on_full!r}")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be callable")
+        if ring_bytes < 1 << 16 or ring_bytes % 4096:
+            raise ValueError("ring_bytes must be a multiple of 4096, at least 64 KiB")
+        self._n = workers
+        self._max_queue = max_queue if max_queue is not None else 256 * workers
+        if self._max_queue < 1:
+            raise ValueError("max_queue must be at least 1")
+        self._on_full = on_full
+        self._queue_timeout = queue_timeout
+        self._task_timeout = task_timeout
+        self._hang_timeout = hang_timeout
+
+        init_fn = _codec.function_bytes(initializer) if initializer is not None else None
+        if blas_threads is None:
+            blas_threads = max(1, _sizing.usable_cpus() // workers)
+        try:
+            self._init_payload = _codec.dumps((init_fn, tuple(initargs), blas_threads))
+        except Exception as exc:
+            raise errors.SerializationError("initargs", f"{type(exc).__name__}: {exc}") from exc
+
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)  # the queue has room again
+        self._progress = threading.Condition(threading.Lock())  # a driver settled something
+        self._drive_lock = threading.Lock()
+        self._handoff = threading.Event()
+        self._queue: deque[_Task] = deque()
+        self._idle: list[int] = []  # LIFO: the warmest worker takes the next task
+        self._inflight: dict[int, _Task] = {}
+        self._deaths: deque[tuple[int, int, int | None]] = deque()
+        self._closed = False
+        self._stopping = False
+        self._torn_down = threading.Event()
+        self._depth = 1
+        self._ewma_run_ns = 1e6
+        self._fg_waiting = 0
+
+        self._counts = dict(submitted=0, completed=0, failed=0, crashed=0, restarts=0,
+                            cancelled=0, unknown_replies=0, retried=0, bad_results=0)
+        self._crashes: deque[dict] = deque(maxlen=256)
+        self._wait_ns: deque[int] = deque(maxlen=8192)
+        self._run_ns: deque[int] = deque(maxlen=8192)
+
+        now = time.monotonic()
+        self._slots = [
+            _Slot(i, _policy.SlotBreaker(max_failures, breaker_open_s,
+                                         _policy.Backoff(backoff_base_s, backoff_cap_s)))
+            for i in range(workers)
+        ]
+        self._board = Board.create(workers, ring_bytes)
+        try:
+            self._conn = _template.template().connect()
+        except BaseException:
+            self._board.close()
+            raise
+        self._send_lock = threading.Lock()
+        self._timers: list[tuple[float, int, str, int]] = []  # (when, seq, what, slot)
+        self._timer_seq = itertools.count()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._conn, selectors.EVENT_READ, ("conn", -1))
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
+        self._pending_exit: dict[int, int] = {}
+        self._sup_lock = threading.Lock()  # timers and spawn requests
+
+        for slot in self._slots:
+            self._spawn(slot, now)
+        self._supervisor = threading.Thread(target=self._supervise, name="fastpool-supervisor", daemon=True)
+        self._collector = threading.Thread(target=self._collect_loop, name="fastpool-collector", daemon=True)
+        self._supervisor.start()
+        self._collector.start()
+        _live_pools.add(self)
+
+    # ---- public API ------------------------------------------------------------------
+
+    @property
+    def workers(self) -> int:
+        """The number of worker slots."""
+        return self._n
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        """Schedules ``fn(*args, **kwargs)`` in a worker and returns its Future.
+
+        Raises ``PoolClosed`` after ``shutdown``, ``SerializationError`` if an argument
+        cannot be pickled (nothing is submitted), ``QueueFull`` when the queue is full
+        and ``on_full="reject"`` (or ``queue_timeout`` passed), ``CircuitOpen`` when
+        every worker slot's breaker is open.  A task that raises sets that exception
+        on the future, with the worker's traceback as ``__cause__``.  Thread-safe."""
+        return self._submit(fn, args, kwargs, None)
+
+    def _submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                options: _policy.TaskOptions | None) -> _PoolFuture:
+        if self._closed:
+            raise errors.PoolClosed()
+        fn_bytes = _codec.function_bytes(fn)
+        payload = _codec.encode_call(fn_bytes, args, kwargs)
+        fut = _PoolFuture()
+        fut._pool = self
+        task = _Task(0, fut, payload, getattr(fn, "__qualname__", repr(fn)), options,
+                     _summarise(args, kwargs))
+        self._enqueue(task)
+        return fut
+
+    def _enqueue(self, task: _Task) -> None:
+        deadline = None
+        with self._lock:
+            while True:
+                if self._closed:
+                    raise errors.PoolClosed()
+                self._check_circuit_locked()
+                if len(self._queue) < self._max_queue or getattr(_tls, "driving", False):
+                    break  # a callback on the driving thread never blocks: it would wait on itself
+                if self._on_full == "reject":
+                    raise errors.QueueFull(self._max_queue)
+                if deadline is None and self._queue_timeout is not None:
+                    deadline = time.monotonic() + self._queue_timeout
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise errors.QueueFull(self._max_queue, self._queue_timeout)
+                self._lock.release()
+                try:  # drive completions ourselves: that is what makes room
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    self._drive(lambda: len(self._queue) < self._max_queue or self._closed,
+                                PARK_SLICE_S if left is None else min(left, PARK_SLICE_S))
+                finally:
+                    self._lock.acquire()
+            task.id = next(_ids)
+            self._inflight[task.id] = task
+            self._counts["submitted"] += 1
+            self._queue.append(task)
+            self._dispatch_locked()
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
+            chunksize: int | None = None) -> Iterator[Any]:
+        """Like ``Executor.map``, but lazy: at most a window of chunks is in flight.
+
+        Results come in input order; the first exception raised by ``fn`` is raised
+        when its position is reached (results before it are yielded first).
+        ``chunksize=None`` picks one from the input length (or adapts to the measured
+        run time when the length is unknown).  ``timeout`` counts from this call;
+        on ``TimeoutError`` or when the iterator is closed early, chunks not yet
+        run are cancelled.  Thread-safe."""
+        if self._closed:
+            raise errors.PoolClosed()
+        if not iterables:
+            raise TypeError("map() needs at least one iterable")
+        if chunksize is not None and chunksize < 1:
+            raise ValueError("chunksize must be >= 1")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        star = len(iterables) > 1
+        it: Iterator[Any] = zip(*iterables) if star else iter(iterables[0])
+        fn_bytes = _codec.function_bytes(fn)
+        adaptive = False
+        if chunksize is None:
+            try:
+                n = min(len(x) for x in iterables)  # type: ignore[arg-type]
+                chunksize = max(1, min(8192, math.ceil(n / (self._n * 8))))
+            except TypeError:
+                chunksize, adaptive = 4, True
+        window = 2 * self._n + 2
+        pending: deque[_PoolFuture] = deque()
+        state = {"cs": chunksize}
+
+        def submit_next() -> bool:
+            chunk = list(islice(it, state["cs"]))
+            if not chunk:
+                return False
+            pending.append(self._submit(_worker.run_chunk, (fn_bytes, chunk, star), {}, None))
+            return True
+
+        for _ in range(window):
+            if not submit_next():
+                break
+        return self._map_results(pending, submit_next, deadline, state if adaptive else None)
+
+    def _map_results(self, pending: deque, submit_next: Callable[[], bool], deadline: float | None,
+                     adaptive: dict | None) -> Iterator[Any]:
+        try:
+            while pending:
+                fut = pending.popleft()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise FuturesTimeout()
+                res = fut.result(left)
+                if adaptive is not None and isinstance(res, list) and res:
+                    run_ns = getattr(fut, "_run_ns", 0)
+                    per_item = max(run_ns / len(res), 1)
+                    adaptive["cs"] = int(min(8192, max(1, 2e6 / per_item)))
+                submit_next()
+                if isinstance(res, _worker.ChunkFailure):
+                    yield from res.results
+                    raise _codec.decode_exception(res.exc_payload)
+                yield from res
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+    def imap_unordered(self, fn: Callable[..., Any], iterable: Iterable[Any],
+                       chunksize: int | None = None) -> Iterator[Any]:
+        """Like ``map`` for one iterable, yielding results as they complete.
+
+        An exception from ``fn`` is raised when its chunk completes.  Thread-safe."""
+        if self._closed:
+            raise errors.PoolClosed()
+        it = iter(iterable)
+        fn_bytes = _codec.function_bytes(fn)
+        if chunksize is None:
+            try:
+                chunksize = max(1, min(8192, math.ceil(len(iterable) / (self._n * 8))))  # type: ignore[arg-type]
+            except TypeError:
+                chunksize = 16
+        done: deque[_PoolFuture] = deque()
+        pending: set[_PoolFuture] = set()
+        window = 2 * self._n + 2
+
+        def submit_next() -> bool:
+            chunk = list(islice(it, chunksize))
+            if not chunk:
+                return False
+            fut = self._submit(_worker.run_chunk, (fn_bytes, chunk, False), {}, None)
+            pending.add(fut)
+            fut.add_done_callback(done.append)
+            return True
+
+        for _ in range(window):
+            if not submit_next():
+                break
+        return self._unordered_results(pending, done, submit_next)
+
+    def _unordered_results(self, pending: set, done: deque, submit_next: Callable[[], bool]) -> Iterator[Any]:
+        try:
+            while pending:
+                self._drive(lambda: bool(done), None)
+                fut = done.popleft()
+                pending.discard(fut)
+                submit_next()
+                res = fut.result()
+                if isinstance(res, _worker.ChunkFailure):
+                    yield from res.results
+                    raise _codec.decode_exception(res.exc_payload)
+                yield from res
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stops taking work, then tears the pool down once accepted work settles.
+
+        ``cancel_futures=True`` cancels tasks not yet handed to a worker.  With
+        ``wait=True`` this returns after every accepted task settled and every worker
+        exited; with ``wait=False`` the teardown happens in the background.
+        Idempotent and thread-safe."""
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                self._cancel_queued_locked()
+            self._space.notify_all()
+        self._board.kick()
+        if wait:
+            self._drive(lambda: not self._inflight or self._stopping, None)
+            self._teardown()
+        else:
+            self._handoff.set()
+
+    def drain(self) -> None:
+        """Settles every accepted task (none is cancelled or lost), then tears down.
+
+        Equivalent to ``shutdown(wait=True, cancel_futures=False)``.  Thread-safe."""
+        self.shutdown(wait=True, cancel_futures=False)
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown(wait=True)
+
+    def pids(self) -> list[int]:
+        """The pids of the live workers right now (for tests and monitoring)."""
+        return [s.pid for s in self._slots if s.pid is not None and s.state in ("starting", "ready")]
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot: counts, per-worker state, queue depth and latency percentiles.
+
+        Thread-safe; cheap enough to call once a second."""
+        now = time.monotonic()
+        with self._lock:
+            workers = []
+            for s in self._slots:
+                st = s.state
+                b = s.breaker.state(now)
+                health = "healthy" if st in ("ready", "starting") else b
+                info = self._board.slot_info(s.id) if not self._board.closed else (0, 0, 0, 0, 0)
+                workers.append(dict(slot=s.id, pid=s.pid, state=st, health=health,
+                                    failures=s.breaker.failures, current_task=info[2] or None,
+                                    served=info[4], heartbeat=info[3],
+                                    age_s=(now - s.spawned_at) if s.pid else None))
+            out = dict(self._counts, queued=len(self._queue), inflight=len(self._inflight),
+                       workers=workers, prefetch=self._depth, closed=self._closed)
+            waits, runs = sorted(self._wait_ns), sorted(self._run_ns)
+        out["crashes"] = list(self._crashes)
+        out["latency"] = {"queue_wait_us": _percentiles(waits), "run_us": _percentiles(runs)}
+        return out
+
+    # ---- dispatch (pool lock held) -------------------------------------------------------
+
+    def _check_circuit_locked(self) -> None:
+        if all(s.state == "open" for s in self._slots):
+            is_open, retry, cause = _policy.all_open([s.breaker for s in self._slots], time.monotonic())
+            if is_open:
+                raise errors.CircuitOpen(retry, cause)
+
+    def _pick_locked(self) -> _Slot | None:
+        if self._idle:
+            return self._slots[self._idle.pop()]
+        if self._depth <= 1:
+            return None
+        best = None
+        for s in self._slots:
+            if s.state == "ready" and len(s.assigned) < self._depth:
+                if best is None or len(s.assigned) < len(best.assigned):
+                    best = s
+        return best
+
+    def _dispatch_locked(self) -> None:
+        board, queue = self._board, self._queue
+        while queue:
+            slot = self._pick_locked()
+            if slot is None:
+                return
+            task = queue.popleft()
+            if task.t_dispatch == 0.0:
+                if not task.future.set_running_or_notify_cancel():
+                    self._inflight.pop(task.id, None)  # cancelled while queued
+                    self._counts["cancelled"] += 1
+                    if not slot.assigned:
+                        self._idle.append(slot.id)
+                    continue
+                task.t_dispatch = time.monotonic()
+            if not board.push_task(slot.id, K_CALL, task.id, task.payload):
+                queue.appendleft(task)  # ring full: the slot is busy enough
+                if not slot.assigned:
+                    self._idle.append(slot.id)
+                return
+            task.slot = slot.id
+            slot.assigned.append(task.id)
+        if len(queue) < self._max_queue:
+            self._space.notify_all()
+
+    def _cancel_queued_locked(self) -> None:
+        while self._queue:
+            task = self._queue.popleft()
+            self._inflight.pop(task.id, None)
+            task.future.cancel()
+            self._counts["cancelled"] += 1
+
+    # ---- driving: consuming results ----------------------------------------------------
+
+    def _drive(self, pred: Callable[[], bool], timeout: float | None) -> bool:
+        """Consumes results on this thread until pred() or timeout.  Returns pred()."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if getattr(_tls, "driving", False):
+            return self._drive_held(pred, deadline)  # re-entered from a callback
+        board = self._board
+        board.want(1)
+        try:
+            while not pred():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if self._drive_lock.acquire(timeout=min(left, 0.001) if left is not None else 0.001):
+                    _tls.driving = True
+                    try:
+                        return self._drive_held(pred, deadline)
+                    finally:
+                        _tls.driving = False
+                        self._drive_lock.release()
+                # Someone else drives; it notifies _progress after each batch.
+                with self._progress:
+                    self._fg_waiting += 1
+                    try:
+                        if not pred():
+                            self._progress.wait(PARK_SLICE_S if left is None else min(left, PARK_SLICE_S))
+                    finally:
+                        self._fg_waiting -= 1
+            return True
+        finally:
+            board.want(-1)
+            self._handoff.set()
+
+    def _drive_held(self, pred: Callable[[], bool], deadline: float | None) -> bool:
+        board = self._board
+        spin = PARENT_SPIN_S
+        while not pred():
+            if self._collect():
+                spin = PARENT_SPIN_S
+                continue
+            if self._torn_down.is_set():
+                return pred()
+            left = PARK_SLICE_S if deadline is None else min(PARK_SLICE_S, deadline - time.monotonic())
+            if left <= 0:
+                return pred()
+            board.wait_results(left, spin)
+            spin = 0.0
+        return True
+
+    def _collect(self) -> int:
+        """One round: results from every ring, then deaths.  Drive lock held."""
+        board = self._board
+        if board.closed:
+            return 0
+        n = 0
+        recs = board.poll_results()
+        if recs:
+            self._process(recs)
+            n += len(recs)
+        if board.take_attention():
+            n += 1 + self._handle_deaths()
+        if n and self._fg_waiting:
+            with self._progress:
+                self._progress.notify_all()
+        return n
+
+    def _collect_loop(self) -> None:
+        """The collector thread: drives whenever no caller thread wants to."""
+        board = self._board
+        while not self._torn_down.is_set():
+            if self._closed and (not self._inflight or self._stopping) and not getattr(self, "_waited", False):
+                if not board.wanted():
+                    self._teardown()
+                    return
+            if board.wanted():
+                self._handoff.wait(PARK_SLICE_S)
+                self._handoff.clear()
+                continue
+            if not self._drive_lock.acquire(timeout=PARK_SLICE_S):
+                continue
+            _tls.driving = True
+            try:
+                while not board.wanted() and not self._torn_down.is_set():
+                    if self._collect():
+                        continue
+                    if self._closed and (not self._inflight or self._stopping):
+                        break
+                    board.wait_results(PARK_SLICE_S, 0.0)
+            except Exception:  # noqa: BLE001 - the collector must not die silently
+                log.exception("fastpool collector failed")
+            finally:
+                _tls.driving = False
+                self._drive_lock.release()
+
+    def _process(self, recs: list) -> None:
+        settle = []
+        now = time.monotonic()
+        with self._lock:
+            slots, inflight = self._slots, self._inflight
+            for sid, kind, tid, aux, payload in recs:
+                slot = slots[sid]
+                if kind == R_READY:
+                    if slot.pid == aux and slot.state == "starting":
+                        slot.state = "ready"
+                        slot.ready_at = now
+                        if not slot.assigned:
+                            self._idle.append(sid)
+                    continue
+                if kind == R_INIT_FAILED:
+                    slot.init_error = _codec.decode_exception(payload)
+                    continue
+                if slot.assigned and slot.assigned[0] == tid:
+                    slot.assigned.popleft()
+                else:
+                    try:
+                        slot.assigned.remove(tid)
+                    except ValueError:
+                        pass
+                if not slot.answered:
+                    slot.answered = True
+                    slot.breaker.on_success()  # first reply, not spawn: see _policy
+                slot.served += 1
+                if not slot.assigned and slot.state == "ready":
+                    self._idle.append(sid)
+                task = inflight.pop(tid, None)
+                if task is None:
+                    self._counts["unknown_replies"] += 1
+                    continue
+                self._ewma_run_ns += 0.2 * (aux - self._ewma_run_ns)
+                self._run_ns.append(aux)
+                self._wait_ns.append(int((task.t_dispatch - task.t_submit) * 1e9))
+                settle.append((task, kind, aux, payload))
+            depth = 1 if self._ewma_run_ns > 1e6 else int(min(MAX_PREFETCH, max(2, 2e6 / max(self._ewma_run_ns, 1.0))))
+            self._depth = depth
+            if self._queue:
+                self._dispatch_locked()  # capacity returns BEFORE any future settles
+        for task, kind, aux, payload in settle:
+            self._settle(task, kind, aux, payload)
+
+    def _settle(self, task: _Task, kind: int, aux: int, payload: bytes) -> None:
+        fut = task.future
+        fut._run_ns = aux  # type: ignore[attr-defined]
+        try:
+            if kind == R_OK:
+                try:
+                    value = _codec.loads(payload)
+                except Exception as exc:  # noqa: BLE001 - the parent cannot rebuild the result
+                    self._count("failed")
+                    fut.set_exception(errors.SerializationError(
+                        f"the result of task {task.id}", f"unpickling failed in the parent: {exc!r}"))
+                    return
+                self._count("completed")
+                fut.set_result(value)
+            elif kind == R_ERR:
+                self._count("failed")
+                fut.set_exception(_codec.decode_exception(payload))
+            elif kind == R_BAD_RESULT:
+                self._count("bad_results")
+                self._count("failed")
+                log.warning("fastpool: task %s (%s) returned a result that cannot be pickled; "
+                            "the worker is fine", task.id, task.fn_name)
+                fut.set_exception(_codec.decode_bad_result(payload))
+        except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
+            pass
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._counts[key] += 1
+
+    # ---- deaths --------------------------------------------------------------------
+
+    def _handle_deaths(self) -> int:
+        recs = self._board.poll_results()  # what the dead worker published before dying
+        if recs:
+            self._process(recs)
+        failed: list[tuple[_Task, BaseException]] = []
+        handled = 0
+        while self._deaths:
+            sid, pid, exitcode = self._deaths.popleft()
+            handled += 1
+            with self._lock:
+                slot = self._slots[sid]
+                if slot.pid != pid:
+                    continue
+                current = self._board.current(sid)
+                reason = slot.kill_reason
+                slot.kill_reason = None
+                requeue = []
+                victim = None
+                for tid in slot.assigned:
+                    task = self._inflight.get(tid)
+                    if task is None:
+                        continue
+                    if tid == current:
+                        victim = task
+                    else:
+                        requeue.append(task)
+                slot.assigned.clear()
+                if sid in self._idle:
+                    self._idle.remove(sid)
+                for task in reversed(requeue):  # never started: back to the queue front
+                    self._queue.appendleft(task)
+                expected = self._stopping or (reason is not None and reason[0] == "stop")
+                if expected:
+                    slot.state = "dead"
+                    slot.pid = None
+                    continue
+                cause = reason[0] if reason else ("init" if slot.init_error or slot.state == "starting" else "died")
+                record = self._crash_record(slot, pid, exitcode, cause, victim, reason)
+                self._crashes.append(record)
+                self._counts["crashed"] += 1
+                if victim is not None:
+                    exc = self._victim_error(slot, pid, exitcode, victim, cause, reason)
+                    outcome = self._retry_outcome(victim)
+                    if outcome == "retry":
+                        victim.attempts += 1
+                        self._counts["retried"] += 1
+                        self._queue.appendleft(victim)
+                    else:
+                        del self._inflight[victim.id]
+                        if outcome == "poison":
+                            exc = errors.PoisonTask(sid, pid, exitcode, victim.id, str(exc))
+                        failed.append((victim, exc))
+                        record["task_outcome"] = outcome
+                log.error("fastpool: worker crashed: %s", record)
+                self._schedule_restart_locked(slot, cause, record)
+                self._dispatch_locked()
+                if all(s.state == "open" for s in self._slots):
+                    self._fail_queue_circuit_locked(failed)
+        for task, exc in failed:
+            self._count("failed")
+            try:
+                task.future.set_exception(exc)
+            except Exception:  # noqa: BLE001 - cancelled meanwhile
+                pass
+        return handled
+
+    def _retry_outcome(self, task: _Task) -> str:
+        if task.options is None:
+            return "fail"
+        return _policy.crash_outcome(task.options, task.attempts + 1, False)
+
+    def _victim_error(self, slot: _Slot, pid: int, exitcode: int | None, task: _Task, cause: str,
+                      reason: tuple | None) -> BaseException:
+        detail = reason[2] if reason else ""
+        if cause == "timeout":
+            return errors.TaskTimeout(task.id, float(detail or 0), slot.id)
+        if cause == "cancelled":
+            return CancelledError(f"task {task.id} was cancelled; its worker was killed and replaced")
+        if cause == "hung":
+            return errors.WorkerHung(slot.id, pid, exitcode, task.id, detail)
+        return errors.WorkerCrashed(slot.id, pid, exitcode, task.id, f"function {task.fn_name}({task.summary})")
+
+    def _crash_record(self, slot: _Slot, pid: int, exitcode: int | None, cause: str, task: _Task | None,
+                      reason: tuple | None) -> dict:
+        return dict(
+            time=time.time(), slot=slot.id, pid=pid, cause=cause, exitcode=exitcode,
+            signal=errors.signal_name(exitcode),
+            task_id=task.id if task else None, function=task.fn_name if task else None,
+            args=task.summary if task else None,
+            worker_age_s=round(time.monotonic() - slot.spawned_at, 3), tasks_served=slot.served,
+            detail=(reason[2] if reason else "") or (repr(slot.init_error) if slot.init_error else ""),
+        )
+
+    def _fail_queue_circuit_locked(self, failed: list) -> None:
+        is_open, retry, cause = _policy.all_open([s.breaker for s in self._slots], time.monotonic())
+        if not is_open:
+            return
+        while self._queue:
+            task = self._queue.popleft()
+            self._inflight.pop(task.id, None)
+            failed.append((task, errors.CircuitOpen(retry, cause)))
+
+    # ---- supervisor thread ---------------------------------------------------------
+
+    def _spawn(self, slot: _Slot, now: float) -> None:
+        """Asks the template for a worker in this slot (pool lock NOT required)."""
+        self._board.reset_slot(slot.id)
+        self._board.push_task(slot.id, K_INIT, 0, self._init_payload)
+        slot.state = "starting"
+        slot.answered = False
+        slot.init_error = None
+        slot.served = 0
+        slot.spawned_at = now
+        slot.kill_reason = None
+        slot.cur_seen, slot.hb_seen = 0, -1
+        slot.req += 1
+        with self._send_lock:
+            _template._send(self._conn, ("spawn", slot.req, slot.id, {}), [self._board.fileno()])
+
+    def _schedule_restart_locked(self, slot: _Slot, cause: str, record: dict) -> None:
+        slot.pid = None
+        now = time.monotonic()
+        action, at = slot.breaker.on_failure(now, f"{cause}: {record.get('detail') or record.get('signal') or record.get('exitcode')}")
+        slot.state = "open" if action == "open" else "backing_off"
+        slot.restart_at = at
+        self._add_timer(at, "restart", slot.id)
+
+    def _add_timer(self, when: float, what: str, sid: int) -> None:
+        with self._sup_lock:
+            heapq.heappush(self._timers, (when, next(self._timer_seq), what, sid))
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _supervise(self) -> None:
+        try:
+            while not self._stopping:
+                timeout = self._next_timeout()
+                for key, _ in self._sel.select(timeout):
+                    what, sid = key.data
+                    if what == "conn":
+                        self._read_template()
+                    elif what == "wake":
+                        try:
+                            while os.read(self._wake_r, 4096):
+                                pass
+                        except (BlockingIOError, OSError):
+                            pass
+                    elif what == "pidfd":
+                        self._on_pidfd(sid, key.fileobj)  # type: ignore[arg-type]
+                self._run_timers()
+                self._check_liveness()
+        except Exception:  # noqa: BLE001
+            if not self._stopping:
+                log.exception("fastpool supervisor failed")
+
+    def _next_timeout(self) -> float:
+        t = 0.1 if (self._task_timeout or self._hang_timeout) else 0.5
+        with self._sup_lock:
+            if self._timers:
+                t = min(t, max(0.0, self._timers[0][0] - time.monotonic()))
+        return t
+
+    def _read_template(self) -> None:
+        try:
+            msg, fds = _template._recv(self._conn)
+        except OSError:
+            msg, fds = None, []
+        if msg is None:
+            if not self._stopping:
+                log.error("fastpool: the worker template exited; the pool cannot restart workers")
+            self._sel.unregister(self._conn)
+            return
+        if msg[0] == "pid":
+            _, req, pid = msg
+            pidfd = fds[0] if fds else None
+            for slot in self._slots:
+                if slot.req == req and slot.state == "starting" and slot.pid is None:
+                    slot.pid = pid
+                    slot.pidfd = pidfd
+                    if pidfd is not None:
+                        self._sel.register(pidfd, selectors.EVENT_READ, ("pidfd", slot.id))
+                    break
+            else:
+                if pidfd is not None:
+                    os.close(pidfd)
+        elif msg[0] == "exit":
+            _, pid, code = msg
+            self._pending_exit[pid] = code
+
+    def _on_pidfd(self, sid: int, pidfd: int) -> None:
+        self._sel.unregister(pidfd)
+        slot = self._slots[sid]
+        pid = slot.pid
+        deadline = time.monotonic() + EXIT_STATUS_WAIT_S
+        while pid not in self._pending_exit and time.monotonic() < deadline:
+            ready = select_read(self._conn, deadline - time.monotonic())
+            if not ready:
+                break
+            self._read_template()
+        exitcode = self._pending_exit.pop(pid, None) if pid is not None else None
+        os.close(pidfd)
+        if slot.pidfd == pidfd:
+            slot.pidfd = None
+        if pid is not None:
+            self._deaths.append((sid, pid, exitcode))
+            self._board.flag_attention()
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        due = []
+        with self._sup_lock:
+            while self._timers and self._timers[0][0] <= now:
+                due.append(heapq.heappop(self._timers))
+        for _, _, what, sid in due:
+            if what == "restart" and not self._stopping:
+                with self._lock:
+                    slot = self._slots[sid]
+                    if slot.state not in ("backing_off", "open") or not slot.breaker.may_restart(now):
+                        if slot.state == "open" and slot.breaker.retry_at:
+                            self._add_timer(slot.breaker.retry_at, "restart", sid)
+                        continue
+                    self._counts["restarts"] += 1
+                    self._spawn(slot, now)
+
+    def _check_liveness(self) -> None:
+        """Task timeouts and heartbeats: expiry is handled as a crash."""
+        if self._board.closed:
+            return
+        now = time.monotonic()
+        for slot in self._slots:
+            if slot.state != "ready" or slot.pidfd is None or slot.kill_reason is not None:
+                continue
+            _, _, cur, hb, _ = self._board.slot_info(slot.id)
+            if cur != slot.cur_seen:
+                slot.cur_seen, slot.cur_since = cur, now
+            if hb != slot.hb_seen:
+                slot.hb_seen, slot.hb_since = hb, now
+            if not cur:
+                continue
+            task = self._inflight.get(cur)
+            limit = (task.options.timeout if task and task.options and task.options.timeout
+                     else self._task_timeout)
+            if limit and now - slot.cur_since > limit:
+                self._kill(slot, ("timeout", cur, f"{limit:g}"))
+            elif self._hang_timeout and now - slot.hb_since > self._hang_timeout:
+                self._kill(slot, ("hung", cur, f"no heartbeat for {now - slot.hb_since:.1f} s "
+                                  f"(hang_timeout={self._hang_timeout:g} s)"))
+
+    def _kill(self, slot: _Slot, reason: tuple[str, int | None, str]) -> None:
+        slot.kill_reason = reason
+        if slot.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(slot.pidfd, signal.SIGKILL)
+            except (ProcessLookupError, OSError):
+                pass
+
+    # ---- teardown ------------------------------------------------------------------
+
+    def _teardown(self) -> None:
+        with self._lock:
+            if self._stopping:
+                already = True
+            else:
+                already = False
+                self._stopping = True
+                self._closed = True
+                self._cancel_queued_locked()
+        if already:
+            self._torn_down.wait(10)
+            return
+        try:
+            for slot in self._slots:
+                if slot.pid is not None and slot.state in ("ready", "starting"):
+                    slot.kill_reason = ("stop", None, "")
+                    if not self._board.push_task(slot.id, K_STOP, 0, b""):
+                        self._kill(slot, ("stop", None, ""))
+            os.write(self._wake_w, b"x")
+            self._supervisor.join(5)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for slot in self._slots:
+                if slot.pidfd is None:
+                    continue
+                if not select_read(slot.pidfd, max(0.0, deadline - time.monotonic())):
+                    self._kill(slot, ("stop", None, ""))
+                    select_read(slot.pidfd, 2.0)
+                os.close(slot.pidfd)
+                slot.pidfd = None
+                slot.pid = None
+                slot.state = "dead"
+            leftovers = [t for t in self._inflight.values()]
+            self._inflight.clear()
+            for task in leftovers:
+                try:
+                    task.future.set_exception(errors.BrokenPool("the pool was shut down before this task ran"))
+                except Exception:  # noqa: BLE001
+                    pass
+        finally:
+            self._torn_down.set()
+            self._board.kick()
+            if threading.current_thread() is not self._collector:
+                self._collector.join(5)
+            with self._drive_lock:
+                self._board.close()
+            self._sel.close()
+            self._conn.close()
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            _live_pools.discard(self)
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.shutdown(wait=False, cancel_futures=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def select_read(fd: Any, timeout: float) -> bool:
+    import select
+
+    try:
+        r, _, _ = select.select([fd], [], [], max(0.0, timeout))
+    except (OSError, ValueError):
+        return True
+    return bool(r)
+
+
+def _percentiles(sorted_ns: list[int]) -> dict[str, float]:
+    if not sorted_ns:
+        return {}
+    def at(q: float) -> float:
+        return round(sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1000, 1)
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": at(1.0), "n": len(sorted_ns)}
+
+
+Executor.register(Pool) if hasattr(Executor, "register") else None
