@@ -39,7 +39,7 @@ typedef struct {
     char _pad0[32];
     fp_event_t done;  /* the parent parks here for results from any slot */
     fp_a32 attention; /* non-zero: the parent has non-ring work (a death, a kick) */
-    fp_a32 want;      /* parent threads queued to take over driving */
+    fp_a32 want;      /* parent threads driving now: the collector thread stays away */
     char _pad1[48];
     fp_a64 counters[8];
 } fp_board_t;
@@ -114,7 +114,7 @@ static inline int fp_board_check(const fp_board_t *b, uint64_t mapped)
 /* Any result ring non-empty, or non-ring work flagged for the parent. */
 static inline int fp_board_parent_has_work(fp_board_t *b)
 {
-    if (fp_load32_acquire(&b->attention) || fp_load32_acquire(&b->want))
+    if (fp_load32_acquire(&b->attention))
         return 1;
     for (uint32_t i = 0; i < b->nslots; i++)
         if (!fp_ring_empty(fp_board_ring(b, i, 1)))
@@ -162,12 +162,12 @@ static inline int fp_ring_wait_data(fp_ring_t *r, fp_a32 *stop, int64_t timeout_
             now = fp_now_ns();
     }
     uint32_t key = fp_event_prepare(&r->data);
-    int has = !fp_ring_empty(r);
+    int has = !fp_ring_empty(r) || (stop && fp_load32_acquire(stop));
     if (!has) {
         int64_t left = timeout_ns - (fp_now_ns() - start);
         if (left > 0)
             fp_event_wait(&r->data, key, left);
-        has = !fp_ring_empty(r);
+        has = !fp_ring_empty(r) || (stop && fp_load32_acquire(stop));
     }
     fp_event_finish(&r->data);
     return has;

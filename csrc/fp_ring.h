@@ -57,7 +57,12 @@ static inline unsigned char *fp_ring_data(fp_ring_t *r) { return (unsigned char 
 
 static inline uint64_t fp_rec_size(uint64_t len) { return sizeof(fp_rec_t) + ((len + 7u) & ~(uint64_t)7u); }
 
-static inline uint64_t fp_ring_max_record(const fp_ring_t *r) { return r->capacity / 2 - sizeof(fp_rec_t); }
+/* capacity/2 so an empty ring always fits one; UINT32_MAX because len is 32-bit. */
+static inline uint64_t fp_ring_max_record(const fp_ring_t *r)
+{
+    uint64_t m = r->capacity / 2 - sizeof(fp_rec_t);
+    return m > UINT32_MAX ? UINT32_MAX : m;
+}
 
 /* Only while neither side is running (a fresh board, or a dead peer). */
 static inline void fp_ring_init(fp_ring_t *r, uint64_t capacity)

@@ -34,10 +34,13 @@ from fastpool.errors import (
     WorkerHung,
     WorkerMemoryError,
 )
-from fastpool.pool import Pool
+from fastpool.pool import Pool, PoolOptions, TaskFunction, task
 
 __all__ = [
     "Pool",
+    "PoolOptions",
+    "TaskFunction",
+    "task",
     "cancelled",
     "shutdown_template",
     "FastPoolError",

@@ -320,7 +320,6 @@ cdef class Board:
             return
         if delta > 0:
             fp_add32_seqcst(&self._b.want, 1)
-            fp_event_kick(&self._b.done)
         else:
             fp_sub32_seqcst(&self._b.want, 1)
 

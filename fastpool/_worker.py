@@ -54,17 +54,20 @@ def _run(fn: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def run_chunk(fn_bytes: bytes, items: list, star: bool) -> Any:
-    """Runs fn over a map chunk.  Returns the results, or (partial, encoded exception)
-    wrapped in a ChunkFailure so map can yield what succeeded before the error."""
+    """Runs fn over a map chunk.  Returns the results, or a ChunkFailure holding what
+    succeeded and the encoded exception, so map can yield up to the failing item."""
     fn = _load_fn(fn_bytes)
-    out = []
+    out: list = []
+    append = out.append
     try:
         if star:
             for item in items:
-                out.append(_run(fn, item, {}))
+                append(fn(*item))
         else:
             for item in items:
-                out.append(_run(fn, (item,), {}))
+                append(fn(item))
+        if out and inspect.iscoroutine(out[0]):
+            out = [asyncio.run(c) if inspect.iscoroutine(c) else c for c in out]
     except Exception as exc:  # noqa: BLE001 - reported on the map's channel
         return ChunkFailure(out, _codec.encode_exception(exc))
     return out

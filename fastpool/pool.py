@@ -60,6 +60,7 @@ log = logging.getLogger("fastpool")
 DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched pages cost
 PARENT_SPIN_S = float(os.environ.get("FASTPOOL_PARENT_SPIN_US", "80")) * 1e-6
 PARK_SLICE_S = 0.05  # every wait returns this often, so Ctrl-C and deadlines are seen
+COLLECTOR_GRACE_S = 0.002  # the collector stays away this long after a caller drove
 MAX_PREFETCH = 16
 STOP_GRACE_S = 2.0
 EXIT_STATUS_WAIT_S = 1.0
@@ -102,10 +103,10 @@ class _PoolFuture(Future):
 
 class _Task:
     __slots__ = ("id", "future", "payload", "fn_name", "options", "attempts", "slot",
-                 "t_submit", "t_dispatch", "summary")
+                 "t_submit", "t_dispatch", "cancel_requested")
 
     def __init__(self, tid: int, future: _PoolFuture, payload: bytes, fn_name: str,
-                 options: _policy.TaskOptions | None, summary: str) -> None:
+                 options: _policy.TaskOptions | None) -> None:
         self.id = tid
         self.future = future
         self.payload = payload
@@ -115,7 +116,7 @@ class _Task:
         self.slot = -1
         self.t_submit = time.monotonic()
         self.t_dispatch = 0.0
-        self.summary = summary
+        self.cancel_requested = False
 
 
 class _Slot:
@@ -144,8 +145,15 @@ class _Slot:
         self.restart_at: float | None = None
 
 
-def _summarise(args: tuple, kwargs: dict) -> str:
-    """Argument shapes for crash records: types, array shapes and sizes, never data."""
+def _summarise(payload: bytes) -> str:
+    """Argument shapes for crash records: types, array shapes and sizes, never data.
+
+    Computed from the task's pickle only when a crash needs it, so submit pays nothing."""
+    try:
+        _fn, args, kwargs = _codec.loads(payload)
+    except Exception:  # noqa: BLE001
+        return "?"
+
     def one(a: Any) -> str:
         shape = getattr(a, "shape", None)
         if shape is not None and hasattr(a, "dtype"):
@@ -211,8 +219,8 @@ class Pool(Executor):
             raise ValueError(f"on_full must be 'block' or 'reject', not {on_full!r}")
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be callable")
-        if ring_bytes < 1 << 16 or ring_bytes % 4096:
-            raise ValueError("ring_bytes must be a multiple of 4096, at least 64 KiB")
+        if ring_bytes < 1 << 16 or ring_bytes % 4096 or ring_bytes > 1 << 33:
+            raise ValueError("ring_bytes must be a multiple of 4096 between 64 KiB and 8 GiB")
         self._n = workers
         self._max_queue = max_queue if max_queue is not None else 256 * workers
         if self._max_queue < 1:
@@ -239,15 +247,17 @@ class Pool(Executor):
         self._idle: list[int] = []  # LIFO: the warmest worker takes the next task
         self._inflight: dict[int, _Task] = {}
         self._deaths: deque[tuple[int, int, int | None]] = deque()
+        self._inline_later: deque[_Task] = deque()
         self._closed = False
         self._stopping = False
         self._torn_down = threading.Event()
         self._depth = 1
         self._ewma_run_ns = 1e6
         self._fg_waiting = 0
+        self._last_fg = 0.0
 
         self._counts = dict(submitted=0, completed=0, failed=0, crashed=0, restarts=0,
-                            cancelled=0, unknown_replies=0, retried=0, bad_results=0)
+                            cancelled=0, unknown_replies=0, retried=0, bad_results=0, inline=0)
         self._crashes: deque[dict] = deque(maxlen=256)
         self._wait_ns: deque[int] = deque(maxlen=8192)
         self._run_ns: deque[int] = deque(maxlen=8192)
@@ -297,7 +307,45 @@ class Pool(Executor):
         and ``on_full="reject"`` (or ``queue_timeout`` passed), ``CircuitOpen`` when
         every worker slot's breaker is open.  A task that raises sets that exception
         on the future, with the worker's traceback as ``__cause__``.  Thread-safe."""
-        return self._submit(fn, args, kwargs, None)
+        return self._submit(fn, args, kwargs, getattr(fn, "options", None) if isinstance(fn, TaskFunction) else None)
+
+    def options(self, *, pure: bool = False, timeout: float | None = None,
+                fallback: str | None = None) -> "PoolOptions":
+        """A view of this pool whose ``submit``/``map`` apply these supervision options.
+
+        ``pure=True``: a task whose worker crashed is re-run once on a fresh worker;
+        if it kills a second one it fails with ``PoisonTask``.  ``timeout``: run time
+        limit (``TaskTimeout``).  ``fallback="inline"``: run in the calling process
+        when the pool cannot serve (every breaker open).  Options travel beside the
+        call, so they never collide with the function's own keyword arguments."""
+        return PoolOptions(self, _policy.TaskOptions(pure=pure, timeout=timeout, fallback=fallback))
+
+    def cancel(self, future: Future, *, force: bool = False) -> bool:
+        """Cancels a task: queued ones at once; running ones cooperatively or by force.
+
+        Queued: like ``future.cancel()``.  Running, ``force=False``: sets a flag the
+        task can poll with ``fastpool.cancelled()``; when it returns, the future
+        raises ``CancelledError``.  Running, ``force=True``: the worker is killed and
+        replaced, and the future raises ``CancelledError``.  Returns False if the
+        future already finished.  Thread-safe."""
+        if future.cancel():
+            return True
+        with self._lock:
+            task = next((t for t in self._inflight.values() if t.future is future), None)
+            if task is None or future.done():
+                return False
+            task.cancel_requested = True
+            slot = self._slots[task.slot] if task.slot >= 0 else None
+            if slot is None or task.id not in slot.assigned:
+                return True
+            if not force:
+                self._board.request_cancel(slot.id, task.id)
+                return True
+            if self._board.current(slot.id) == task.id:
+                self._kill(slot, ("cancelled", task.id, "cancelled by force"))
+                return True
+            # prefetched but not started: it will be dropped when its slot reaches it
+            return True
 
     def _submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
                 options: _policy.TaskOptions | None) -> _PoolFuture:
@@ -305,12 +353,33 @@ class Pool(Executor):
             raise errors.PoolClosed()
         fn_bytes = _codec.function_bytes(fn)
         payload = _codec.encode_call(fn_bytes, args, kwargs)
+        if len(payload) > self._board.max_record:
+            raise errors.SerializationError(
+                f"the call of {getattr(fn, '__qualname__', fn)!r}",
+                f"its pickle is {len(payload)} bytes, over the ring limit of {self._board.max_record} "
+                "bytes; pass large arrays through shared memory (pool.share) or raise "
+                "Pool(ring_bytes=...). Nothing was submitted")
         fut = _PoolFuture()
         fut._pool = self
-        task = _Task(0, fut, payload, getattr(fn, "__qualname__", repr(fn)), options,
-                     _summarise(args, kwargs))
-        self._enqueue(task)
+        task = _Task(0, fut, payload, getattr(fn, "__qualname__", None) or repr(fn), options)
+        try:
+            self._enqueue(task)
+        except errors.CircuitOpen:
+            if options is None or options.fallback != "inline":
+                raise
+            self._run_inline(task, fn, args, kwargs)
         return fut
+
+    def _run_inline(self, task: "_Task", fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        """Degraded mode: the pool cannot serve, so the caller's process runs the task."""
+        fut = task.future
+        if task.t_dispatch == 0.0 and not fut.set_running_or_notify_cancel():
+            return
+        self._count("inline")
+        try:
+            fut.set_result(_worker._run(fn, args, kwargs))
+        except BaseException as exc:  # noqa: BLE001 - reported on the future like any task error
+            fut.set_exception(exc)
 
     def _enqueue(self, task: _Task) -> None:
         deadline = None
@@ -499,7 +568,8 @@ class Pool(Executor):
                 st = s.state
                 b = s.breaker.state(now)
                 health = "healthy" if st in ("ready", "starting") else b
-                info = self._board.slot_info(s.id) if not self._board.closed else (0, 0, 0, 0, 0)
+                live = st in ("ready", "starting") and not self._board.closed
+                info = self._board.slot_info(s.id) if live else (0, 0, 0, 0, s.served)
                 workers.append(dict(slot=s.id, pid=s.pid, state=st, health=health,
                                     failures=s.breaker.failures, current_task=info[2] or None,
                                     served=info[4], heartbeat=info[3],
@@ -571,7 +641,7 @@ class Pool(Executor):
         if getattr(_tls, "driving", False):
             return self._drive_held(pred, deadline)  # re-entered from a callback
         board = self._board
-        board.want(1)
+        board.want(1)  # keeps the collector thread off the rings while we drive
         try:
             while not pred():
                 left = None if deadline is None else deadline - time.monotonic()
@@ -584,7 +654,7 @@ class Pool(Executor):
                     finally:
                         _tls.driving = False
                         self._drive_lock.release()
-                # Someone else drives; it notifies _progress after each batch.
+                # Another thread drives; it notifies _progress after each batch.
                 with self._progress:
                     self._fg_waiting += 1
                     try:
@@ -594,8 +664,8 @@ class Pool(Executor):
                         self._fg_waiting -= 1
             return True
         finally:
+            self._last_fg = time.monotonic()
             board.want(-1)
-            self._handoff.set()
 
     def _drive_held(self, pred: Callable[[], bool], deadline: float | None) -> bool:
         board = self._board
@@ -631,32 +701,36 @@ class Pool(Executor):
         return n
 
     def _collect_loop(self) -> None:
-        """The collector thread: drives whenever no caller thread wants to."""
+        """The collector thread: settles what no caller thread is waiting for.
+
+        It never holds the drive lock while it sleeps, and it stays off the
+        futex while caller threads drive (and for COLLECTOR_GRACE_S after), so a
+        caller's round trip wakes no second thread and workers skip the wake
+        system call."""
         board = self._board
         while not self._torn_down.is_set():
-            if self._closed and (not self._inflight or self._stopping) and not getattr(self, "_waited", False):
-                if not board.wanted():
-                    self._teardown()
-                    return
-            if board.wanted():
-                self._handoff.wait(PARK_SLICE_S)
+            if self._closed and (not self._inflight or self._stopping) and not board.wanted():
+                self._teardown()
+                return
+            if board.wanted() or time.monotonic() - self._last_fg < COLLECTOR_GRACE_S:
+                self._handoff.wait(COLLECTOR_GRACE_S)
                 self._handoff.clear()
                 continue
-            if not self._drive_lock.acquire(timeout=PARK_SLICE_S):
+            if not self._drive_lock.acquire(blocking=False):
+                self._handoff.wait(COLLECTOR_GRACE_S)
+                self._handoff.clear()
                 continue
             _tls.driving = True
             try:
-                while not board.wanted() and not self._torn_down.is_set():
-                    if self._collect():
-                        continue
-                    if self._closed and (not self._inflight or self._stopping):
-                        break
-                    board.wait_results(PARK_SLICE_S, 0.0)
+                n = self._collect()
             except Exception:  # noqa: BLE001 - the collector must not die silently
                 log.exception("fastpool collector failed")
+                n = 0
             finally:
                 _tls.driving = False
                 self._drive_lock.release()
+            if n == 0 and not board.wanted():
+                board.wait_results(PARK_SLICE_S, 0.0)
 
     def _process(self, recs: list) -> None:
         settle = []
@@ -666,7 +740,9 @@ class Pool(Executor):
             for sid, kind, tid, aux, payload in recs:
                 slot = slots[sid]
                 if kind == R_READY:
-                    if slot.pid == aux and slot.state == "starting":
+                    # READY can overtake the template's ("pid", ...) message
+                    if slot.state == "starting" and slot.pid in (None, aux):
+                        slot.pid = aux
                         slot.state = "ready"
                         slot.ready_at = now
                         if not slot.assigned:
@@ -707,7 +783,10 @@ class Pool(Executor):
         fut = task.future
         fut._run_ns = aux  # type: ignore[attr-defined]
         try:
-            if kind == R_OK:
+            if task.cancel_requested:
+                self._count("cancelled")
+                fut.set_exception(CancelledError(f"task {task.id} was cancelled while it ran"))
+            elif kind == R_OK:
                 try:
                     value = _codec.loads(payload)
                 except Exception as exc:  # noqa: BLE001 - the parent cannot rebuild the result
@@ -793,6 +872,10 @@ class Pool(Executor):
                 self._dispatch_locked()
                 if all(s.state == "open" for s in self._slots):
                     self._fail_queue_circuit_locked(failed)
+        while self._inline_later:
+            task = self._inline_later.popleft()
+            fn_bytes, args, kwargs = _codec.loads(task.payload)
+            self._run_inline(task, _worker._load_fn(fn_bytes), args, kwargs)
         for task, exc in failed:
             self._count("failed")
             try:
@@ -815,7 +898,8 @@ class Pool(Executor):
             return CancelledError(f"task {task.id} was cancelled; its worker was killed and replaced")
         if cause == "hung":
             return errors.WorkerHung(slot.id, pid, exitcode, task.id, detail)
-        return errors.WorkerCrashed(slot.id, pid, exitcode, task.id, f"function {task.fn_name}({task.summary})")
+        return errors.WorkerCrashed(slot.id, pid, exitcode, task.id,
+                                    f"function {task.fn_name}({_summarise(task.payload)})")
 
     def _crash_record(self, slot: _Slot, pid: int, exitcode: int | None, cause: str, task: _Task | None,
                       reason: tuple | None) -> dict:
@@ -823,7 +907,7 @@ class Pool(Executor):
             time=time.time(), slot=slot.id, pid=pid, cause=cause, exitcode=exitcode,
             signal=errors.signal_name(exitcode),
             task_id=task.id if task else None, function=task.fn_name if task else None,
-            args=task.summary if task else None,
+            args=_summarise(task.payload) if task else None,
             worker_age_s=round(time.monotonic() - slot.spawned_at, 3), tasks_served=slot.served,
             detail=(reason[2] if reason else "") or (repr(slot.init_error) if slot.init_error else ""),
         )
@@ -835,6 +919,9 @@ class Pool(Executor):
         while self._queue:
             task = self._queue.popleft()
             self._inflight.pop(task.id, None)
+            if task.options is not None and task.options.fallback == "inline":
+                self._inline_later.append(task)
+                continue
             failed.append((task, errors.CircuitOpen(retry, cause)))
 
     # ---- supervisor thread ---------------------------------------------------------
@@ -850,7 +937,7 @@ class Pool(Executor):
         slot.spawned_at = now
         slot.kill_reason = None
         slot.cur_seen, slot.hb_seen = 0, -1
-        slot.req += 1
+        slot.req = next(_ids)  # unique across slots: the reply is matched by it
         with self._send_lock:
             _template._send(self._conn, ("spawn", slot.req, slot.id, {}), [self._board.fileno()])
 
@@ -900,6 +987,8 @@ class Pool(Executor):
         return t
 
     def _read_template(self) -> None:
+        if not select_read(self._conn, 0):
+            return  # the event was stale: _on_pidfd already read this message
         try:
             msg, fds = _template._recv(self._conn)
         except OSError:
@@ -913,7 +1002,8 @@ class Pool(Executor):
             _, req, pid = msg
             pidfd = fds[0] if fds else None
             for slot in self._slots:
-                if slot.req == req and slot.state == "starting" and slot.pid is None:
+                if slot.req == req and slot.state in ("starting", "ready") and slot.pidfd is None \
+                        and slot.pid in (None, pid):
                     slot.pid = pid
                     slot.pidfd = pidfd
                     if pidfd is not None:
@@ -1055,6 +1145,52 @@ class Pool(Executor):
                 self.shutdown(wait=False, cancel_futures=True)
         except Exception:  # noqa: BLE001
             pass
+
+
+class TaskFunction:
+    """A function with supervision options attached (see ``fastpool.task``).
+
+    Calling it calls the function; pools read ``.options`` when it is submitted.
+    It pickles by reference like the function it wraps."""
+
+    def __init__(self, fn: Callable[..., Any], options: _policy.TaskOptions) -> None:
+        self.fn = fn
+        self.options = options
+        self.__name__ = getattr(fn, "__name__", "task")
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+        self.__module__ = getattr(fn, "__module__", None)  # type: ignore[assignment]
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> Any:
+        return (TaskFunction, (self.fn, self.options))
+
+
+def task(fn: Callable[..., Any] | None = None, *, pure: bool = False, timeout: float | None = None,
+         fallback: str | None = None) -> Any:
+    """Decorator: ``@fastpool.task(pure=True, timeout=5, fallback="inline")``.
+
+    Attaches supervision options to a function; every pool that runs it applies
+    them (see ``Pool.options`` for their meaning).  Raises ValueError for bad options."""
+    opts = _policy.TaskOptions(pure=pure, timeout=timeout, fallback=fallback)
+    if fn is None:
+        return lambda f: TaskFunction(f, opts)
+    return TaskFunction(fn, opts)
+
+
+class PoolOptions:
+    """``pool.options(...)``: the same pool, with supervision options on each call."""
+
+    def __init__(self, pool: Pool, options: _policy.TaskOptions) -> None:
+        self._pool = pool
+        self._options = options
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        """``Pool.submit`` with these options.  Thread-safe."""
+        return self._pool._submit(fn, args, kwargs, self._options)
 
 
 def select_read(fd: Any, timeout: float) -> bool:

@@ -1,0 +1,99 @@
+"""Worker-side functions that damage their own worker, for tests/faults."""
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+
+def segfault():
+    ctypes.string_at(0)
+
+
+def sigkill_self():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hard_exit(code=7):
+    os._exit(code)
+
+
+def sigstop_self():
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return "resumed"
+
+
+def spin_forever():
+    while True:
+        pass
+
+
+def sleep_then(x, s):
+    time.sleep(s)
+    return x
+
+
+def double(x):
+    return 2 * x
+
+
+def pid():
+    return os.getpid()
+
+
+def maybe_die(i, every):
+    """Kills its own worker when i % every == 0, else returns i * i."""
+    if i % every == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return i * i
+
+
+def die_once(marker_path):
+    """Kills its worker the first time (no marker yet), succeeds the second time."""
+    if not os.path.exists(marker_path):
+        with open(marker_path, "w"):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "second try"
+
+
+def cooperative(seconds):
+    import fastpool
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if fastpool.cancelled():
+            return "stopped early"
+        time.sleep(0.01)
+    return "ran to the end"
+
+
+def bad_initializer():
+    raise RuntimeError("initializer is broken")
+
+
+def exiting_initializer():
+    sys.exit(3)
+
+
+def counting_initializer(path):
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    raise RuntimeError("initializer is broken")
+
+
+async def async_task(x):
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return x + 1
+
+
+async def async_failing_child():
+    import asyncio
+
+    async def child():
+        raise KeyError("from a child task")
+
+    await asyncio.gather(asyncio.create_task(child()))

@@ -1,0 +1,205 @@
+"""Fixtures: pools, the contract-suite executor, and a leak check for real-worker tests.
+
+The leak check wraps every test under tests/integration and tests/faults: after the
+test (and after the pool fixtures' teardown, which runs first), no process it started
+may still be alive 5 s later, no new /dev/shm entry may remain, and this process
+holds exactly as many open fds as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+import fastpool
+from fastpool import _template
+
+LEAK_GRACE_S = 5.0  # the brief: a worker may take this long to go after shutdown
+SHUTDOWN_LIMIT_S = 30.0
+_CHECKED_DIRS = ("integration", "faults")
+
+
+# ---- pools -------------------------------------------------------------------------
+
+
+def shutdown_within(pool: fastpool.Pool, limit_s: float = SHUTDOWN_LIMIT_S, **kwargs: Any) -> None:
+    """pool.shutdown(wait=True), failing the test if it does not return in limit_s.
+
+    A hang here is a fastpool bug the test should report as such, not as a
+    pytest-timeout of the whole item; the workers are SIGKILLed so the rest of the
+    suite does not inherit them."""
+    pids = list(pool.pids())
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pool.shutdown(wait=True, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=run, name="test-shutdown", daemon=True)
+    t.start()
+    t.join(limit_s)
+    if t.is_alive():
+        for p in set(pids) | set(pool.pids()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+        pytest.fail(f"pool.shutdown(wait=True) did not return within {limit_s:g} s "
+                    f"(stats: {pool.stats()})")
+    if errors:
+        raise errors[0]
+
+
+@contextlib.contextmanager
+def make_pool(*args: Any, **kwargs: Any) -> Iterator[fastpool.Pool]:
+    """A Pool for one test, shut down (with the hang guard) however the test ends."""
+    pool = fastpool.Pool(*args, **kwargs)
+    try:
+        yield pool
+    finally:
+        shutdown_within(pool, cancel_futures=True)
+
+
+@pytest.fixture
+def pool() -> Iterator[fastpool.Pool]:
+    """fastpool.Pool(2), shut down after the test."""
+    with make_pool(2) as p:
+        yield p
+
+
+@pytest.fixture(params=["fastpool", "process_pool_executor"])
+def executor(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The contract suite's subject: fastpool.Pool(2) or ProcessPoolExecutor(2).
+
+    ProcessPoolExecutor uses forkserver: this process runs threads (fastpool's
+    supervisor and collector, the tests' submitters), and forking a threaded
+    process can copy a lock some other thread held.  Its workers start from the
+    forkserver, which is single-threaded."""
+    if request.param == "fastpool":
+        with make_pool(2) as p:
+            yield p
+    else:
+        ex = ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("forkserver"))
+        try:
+            yield ex
+        finally:
+            ex.shutdown(wait=True, cancel_futures=True)
+
+
+# ---- leak check --------------------------------------------------------------------
+
+
+def _helpers_pids() -> set[int]:
+    """Children that live as long as this process by design, not per test.
+
+    fastpool's template (it forks the workers), and the stdlib's forkserver and
+    resource tracker that the ProcessPoolExecutor leg starts once.  The template
+    is looked up each time: a test may stop it (shutdown_template) and the next
+    pool starts a new one."""
+    pids = {_template.template().pid}
+    pids.add(getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None))
+    pids.add(getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None))
+    pids.discard(None)
+    return pids  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="session")
+def _helpers_running() -> None:
+    """Starts the long-lived helpers before any baseline is taken, so the first
+    test is not charged with their processes and fds."""
+    with make_pool(1) as p:
+        p.submit(int).result(timeout=60)
+    multiprocessing.forkserver.ensure_running()  # also starts the resource tracker
+
+
+def _alive(pids: set[int]) -> set[int]:
+    out = set()
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:  # a zombie has exited
+                out.add(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _descendants() -> set[int]:
+    """Every process below this one: fastpool workers hang under the template,
+    ProcessPoolExecutor's forkserver workers under the forkserver."""
+    return {c.pid for c in psutil.Process().children(recursive=True)}
+
+
+def _describe(pid: int) -> str:
+    try:
+        proc = psutil.Process(pid)
+        return f"pid {pid} (parent {proc.ppid()}, {' '.join(proc.cmdline())[:60]!r})"
+    except psutil.Error:
+        return f"pid {pid}"
+
+
+def _fds() -> dict[int, str]:
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            pass  # the fd listdir itself used, closed by now
+    return out
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+@pytest.fixture(autouse=True)
+def _leak_check(request: pytest.FixtureRequest) -> Iterator[None]:
+    if not any(part in _CHECKED_DIRS for part in Path(str(request.node.path)).parts):
+        yield
+        return
+    request.getfixturevalue("_helpers_running")
+    gc.collect()
+    procs0 = _descendants()
+    shm0 = _shm()
+    fds0 = _fds()
+    yield
+
+    # Whatever the test started, at any depth: fastpool workers (replacements
+    # included), ProcessPoolExecutor workers, a second template.  All must be
+    # gone LEAK_GRACE_S after the pools were shut down.
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        gc.collect()  # executors dropped by the test release their queues and pipes
+        procs = _alive(_descendants() - procs0 - _helpers_pids())
+        fds = _fds()
+        new_fds = {fd: target for fd, target in fds.items() if fd not in fds0 or fds0[fd] != target}
+        shm = _shm() - shm0
+        # Zero tolerance: every fd a pool opens (board memfd, template socket,
+        # wake pipe, epoll, pidfds) is closed by shutdown, and the helpers' fds
+        # were opened before the baseline.
+        if not procs and len(fds) <= len(fds0) and not shm:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    problems = []
+    if procs:
+        problems.append(f"processes still alive {LEAK_GRACE_S:g} s after shutdown: "
+                        + ", ".join(_describe(p) for p in sorted(procs)))
+    if len(fds) > len(fds0):
+        problems.append(f"open fds {len(fds0)} -> {len(fds)}; new: {new_fds}")
+    if shm:
+        problems.append(f"new /dev/shm entries: {sorted(shm)}")
+    pytest.fail("leak after the test: " + "; ".join(problems))

@@ -1,0 +1,524 @@
+/* Claims about fp_ring in one process: order, placement (PAD, wrap, the jump
+ * back to offset 0), limits (FP_TOOBIG, FP_AGAIN), and a long random run
+ * against a reference queue. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "fp_ring.h"
+
+#define KIND 7u
+#define POISON 0xABu
+
+static fp_ring_t *ring_new(uint64_t cap)
+{
+    void *mem = NULL;
+    CHECK(posix_memalign(&mem, 4096, sizeof(fp_ring_t) + cap) == 0);
+    fp_ring_t *r = mem;
+    fp_ring_init(r, cap);
+    /* poisoned, so a test can tell the bytes the ring wrote from those it left */
+    memset(fp_ring_data(r), POISON, cap);
+    return r;
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static unsigned char payload_byte(uint64_t seed, uint64_t i)
+{
+    return (unsigned char)((splitmix64(seed) >> ((i & 7u) * 8u)) + (i >> 3));
+}
+
+static void fill(unsigned char *p, uint64_t len, uint64_t seed)
+{
+    for (uint64_t i = 0; i < len; i++)
+        p[i] = payload_byte(seed, i);
+}
+
+static int payload_ok(const unsigned char *p, uint64_t len, uint64_t seed)
+{
+    for (uint64_t i = 0; i < len; i++)
+        if (p[i] != payload_byte(seed, i))
+            return 0;
+    return 1;
+}
+
+static int push_seeded(fp_ring_t *r, uint64_t id, uint64_t len)
+{
+    static unsigned char buf[65536]; /* one thread per test binary uses it */
+    CHECK(len <= sizeof(buf));
+    fill(buf, len, id);
+    return fp_ring_push(r, KIND, id, ~id, buf, len);
+}
+
+/* Offset in data[] of the record reserved by res. */
+static uint64_t resv_offset(fp_ring_t *r, const fp_resv_t *res) { return res->pos % r->capacity; }
+
+static void pop_expect(fp_ring_t *r, uint64_t id, uint64_t len)
+{
+    fp_rec_t *rec = NULL;
+    uint64_t next = 0;
+    CHECK_EQ(fp_ring_peek(r, &rec, &next), FP_OK);
+    CHECK_EQ(rec->task_id, id);
+    CHECK_EQ(rec->kind, KIND);
+    CHECK_EQ(rec->aux, ~id);
+    CHECK_EQ(rec->len, len);
+    CHECK(payload_ok((unsigned char *)(rec + 1), len, id));
+    fp_ring_release(r, next);
+}
+
+static void set_positions(fp_ring_t *r, uint64_t pos)
+{
+    fp_store64_relaxed(&r->head, pos);
+    fp_store64_relaxed(&r->tail, pos);
+}
+
+TEST(empty_ring_peek_is_again)
+{
+    fp_ring_t *r = ring_new(4096);
+    fp_rec_t *rec = NULL;
+    uint64_t next = 0;
+    CHECK(fp_ring_empty(r));
+    CHECK_EQ(fp_ring_peek(r, &rec, &next), FP_AGAIN);
+    free(r);
+}
+
+TEST(records_come_out_in_push_order)
+{
+    fp_ring_t *r = ring_new(4096);
+    for (uint64_t id = 1; id <= 20; id++)
+        CHECK_EQ(push_seeded(r, id, id * 5), FP_OK);
+    for (uint64_t id = 1; id <= 20; id++)
+        pop_expect(r, id, id * 5);
+    CHECK(fp_ring_empty(r));
+    CHECK_EQ(r->pushed, 20);
+    free(r);
+}
+
+TEST(peek_does_not_consume_and_release_advances)
+{
+    fp_ring_t *r = ring_new(4096);
+    CHECK_EQ(push_seeded(r, 1, 10), FP_OK);
+    CHECK_EQ(push_seeded(r, 2, 20), FP_OK);
+    fp_rec_t *a = NULL, *b = NULL;
+    uint64_t na = 0, nb = 0;
+    CHECK_EQ(fp_ring_peek(r, &a, &na), FP_OK);
+    CHECK_EQ(fp_ring_peek(r, &b, &nb), FP_OK);
+    CHECK(a == b);
+    CHECK_EQ(na, nb);
+    CHECK_EQ(na, fp_rec_size(10));
+    CHECK_EQ(fp_load64_acquire(&r->head), 0); /* peeking moved nothing */
+    fp_ring_release(r, na);
+    CHECK_EQ(fp_load64_acquire(&r->head), na);
+    pop_expect(r, 2, 20);
+    CHECK(fp_ring_empty(r));
+    free(r);
+}
+
+TEST(reserved_record_is_invisible_until_commit)
+{
+    fp_ring_t *r = ring_new(4096);
+    fp_resv_t res;
+    unsigned char *p = NULL;
+    CHECK_EQ(fp_ring_reserve(r, 100, &res, &p), FP_OK);
+    fill(p, 100, 9);
+    fp_rec_t *rec = NULL;
+    uint64_t next = 0;
+    CHECK(fp_ring_empty(r));
+    CHECK_EQ(fp_ring_peek(r, &rec, &next), FP_AGAIN);
+    fp_ring_commit(r, &res, KIND, 9, ~9ull);
+    CHECK(!fp_ring_empty(r));
+    pop_expect(r, 9, 100);
+    free(r);
+}
+
+TEST(zero_length_record_takes_only_a_header)
+{
+    fp_ring_t *r = ring_new(4096);
+    for (uint64_t id = 0; id < 10; id++) {
+        CHECK_EQ(fp_ring_push(r, KIND, id, ~id, NULL, 0), FP_OK);
+        CHECK_EQ(fp_load64_acquire(&r->tail), (id + 1) * sizeof(fp_rec_t));
+    }
+    for (uint64_t id = 0; id < 10; id++)
+        pop_expect(r, id, 0);
+    CHECK(fp_ring_empty(r));
+    free(r);
+}
+
+TEST(record_above_capacity_half_is_toobig)
+{
+    static const uint64_t caps[] = {4096, 4104, 65536};
+    for (size_t c = 0; c < sizeof(caps) / sizeof(caps[0]); c++) {
+        fp_ring_t *r = ring_new(caps[c]);
+        uint64_t max = caps[c] / 2 - 24;
+        CHECK_EQ(fp_ring_max_record(r), max);
+        CHECK_EQ(push_seeded(r, 1, max + 1), FP_TOOBIG);
+        fp_resv_t res;
+        unsigned char *p = NULL;
+        CHECK_EQ(fp_ring_reserve(r, UINT64_MAX, &res, &p), FP_TOOBIG); /* no overflow in the size sum */
+        CHECK(fp_ring_empty(r)); /* a refused record leaves nothing behind */
+        CHECK_EQ(push_seeded(r, 3, max), FP_OK);
+        pop_expect(r, 3, max);
+        free(r);
+    }
+}
+
+/* "Records are limited to capacity/2 so that an empty ring always fits one":
+ * at every offset the producer can be at, including capacities that are a
+ * multiple of 8 but not of 16, where the padded record exceeds capacity/2. */
+TEST(max_record_fits_empty_ring_at_every_offset)
+{
+    static const uint64_t caps[] = {4096, 4104, 4112, 8200};
+    for (size_t c = 0; c < sizeof(caps) / sizeof(caps[0]); c++) {
+        uint64_t cap = caps[c];
+        fp_ring_t *r = ring_new(cap);
+        uint64_t max = fp_ring_max_record(r);
+        for (uint64_t off = 0; off < cap; off += 8) {
+            set_positions(r, 5 * cap + off);
+            CHECKF(push_seeded(r, off, max) == FP_OK, "cap %llu off %llu", (unsigned long long)cap,
+                   (unsigned long long)off);
+            pop_expect(r, off, max);
+            CHECK(fp_ring_empty(r));
+        }
+        free(r);
+    }
+}
+
+TEST(full_ring_returns_again_and_keeps_its_contents)
+{
+    fp_ring_t *r = ring_new(4096);
+    uint64_t n = 0;
+    int rc;
+    while ((rc = push_seeded(r, n, 100)) == FP_OK)
+        n++;
+    CHECK_EQ(rc, FP_AGAIN);
+    uint64_t need = fp_rec_size(100);
+    CHECK_EQ(n, 4096 / need);
+    uint64_t tail = fp_load64_acquire(&r->tail);
+    CHECK(tail - fp_load64_acquire(&r->head) + need > 4096);
+    CHECK_EQ(push_seeded(r, 999, 100), FP_AGAIN);
+    CHECK_EQ(fp_load64_acquire(&r->tail), tail); /* a refused push publishes nothing */
+    CHECK_EQ(push_seeded(r, 1000, 0), FP_AGAIN); /* not even a bare header */
+    pop_expect(r, 0, 100);
+    CHECK_EQ(push_seeded(r, n, 100), FP_OK); /* room again: goes to offset 0 */
+    for (uint64_t id = 1; id < n; id++)
+        pop_expect(r, id, 100);
+    pop_expect(r, n, 100);
+    CHECK(fp_ring_empty(r));
+    free(r);
+}
+
+/* A record that does not fit before the end goes to offset 0 behind a PAD
+ * record covering the rest of the buffer; the consumer skips the PAD. */
+TEST(record_that_does_not_fit_before_the_end_goes_behind_a_pad)
+{
+    fp_ring_t *r = ring_new(4096);
+    CHECK_EQ(push_seeded(r, 1, 2024), FP_OK); /* [0, 2048) */
+    CHECK_EQ(push_seeded(r, 2, 1000), FP_OK); /* [2048, 3072) */
+    pop_expect(r, 1, 2024);
+    fp_resv_t res;
+    unsigned char *p = NULL;
+    CHECK_EQ(fp_ring_reserve(r, 1500, &res, &p), FP_OK); /* 1528 bytes: only 1024 left before the end */
+    CHECK_EQ(res.skip, 1024);
+    CHECK_EQ(resv_offset(r, &res), 0);
+    CHECK_EQ(res.pos, 4096);
+    fill(p, 1500, 3);
+    fp_ring_commit(r, &res, KIND, 3, ~3ull);
+    fp_rec_t *pad = (fp_rec_t *)(fp_ring_data(r) + 3072);
+    CHECK_EQ(pad->kind, FP_REC_PAD);
+    CHECK_EQ(fp_rec_size(pad->len), 1024);
+    CHECK_EQ(fp_load64_acquire(&r->tail), 4096 + fp_rec_size(1500));
+    pop_expect(r, 2, 1000);
+    pop_expect(r, 3, 1500); /* the PAD is skipped, never returned */
+    CHECK(fp_ring_empty(r));
+    free(r);
+}
+
+/* A gap under 24 bytes cannot hold a PAD header: the producer leaves it
+ * untouched and the consumer skips it by arithmetic alone. */
+TEST(gap_under_a_header_is_skipped_without_a_pad)
+{
+    fp_ring_t *r = ring_new(4096);
+    CHECK_EQ(push_seeded(r, 1, 2024), FP_OK); /* [0, 2048) */
+    CHECK_EQ(push_seeded(r, 2, 2008), FP_OK); /* [2048, 4080): 16 bytes left */
+    pop_expect(r, 1, 2024);
+    fp_resv_t res;
+    unsigned char *p = NULL;
+    CHECK_EQ(fp_ring_reserve(r, 0, &res, &p), FP_OK);
+    CHECK_EQ(res.skip, 16);
+    CHECK_EQ(resv_offset(r, &res), 0);
+    fp_ring_commit(r, &res, KIND, 3, ~3ull);
+    for (int i = 4080; i < 4096; i++)
+        CHECK_EQ(fp_ring_data(r)[i], POISON);
+    pop_expect(r, 2, 2008);
+    pop_expect(r, 3, 0);
+    CHECK(fp_ring_empty(r));
+    free(r);
+}
+
+TEST(record_exactly_filling_to_the_end_needs_no_pad)
+{
+    fp_ring_t *r = ring_new(4096);
+    CHECK_EQ(push_seeded(r, 1, 2024), FP_OK); /* [0, 2048) */
+    CHECK_EQ(push_seeded(r, 2, 1000), FP_OK); /* [2048, 3072) */
+    pop_expect(r, 1, 2024);
+    fp_resv_t res;
+    unsigned char *p = NULL;
+    CHECK_EQ(fp_ring_reserve(r, 1000, &res, &p), FP_OK); /* [3072, 4096) exactly */
+    CHECK_EQ(res.skip, 0);
+    CHECK_EQ(resv_offset(r, &res), 3072);
+    CHECK(p + 1000 == fp_ring_data(r) + 4096);
+    fill(p, 1000, 3);
+    fp_ring_commit(r, &res, KIND, 3, ~3ull);
+    CHECK_EQ(fp_load64_acquire(&r->tail), 4096);
+    CHECK_EQ(push_seeded(r, 4, 200), FP_OK); /* next lap starts at 0 with nothing skipped */
+    CHECK_EQ(fp_load64_acquire(&r->tail), 4096 + fp_rec_size(200));
+    pop_expect(r, 2, 1000);
+    pop_expect(r, 3, 1000);
+    pop_expect(r, 4, 200);
+    CHECK(fp_ring_empty(r));
+    free(r);
+}
+
+/* An empty ring restarts at offset 0 (warm pages), behind a PAD. */
+TEST(empty_ring_restarts_at_offset_zero)
+{
+    fp_ring_t *r = ring_new(4096);
+    CHECK_EQ(push_seeded(r, 1, 100), FP_OK);
+    pop_expect(r, 1, 100);
+    CHECK(fp_ring_empty(r));
+    fp_resv_t res;
+    unsigned char *p = NULL;
+    CHECK_EQ(fp_ring_reserve(r, 50, &res, &p), FP_OK); /* 80 bytes <= offset 128 */
+    CHECK_EQ(resv_offset(r, &res), 0);
+    CHECK_EQ(res.skip, 4096 - fp_rec_size(100));
+    CHECK(p == fp_ring_data(r) + sizeof(fp_rec_t));
+    fill(p, 50, 2);
+    fp_ring_commit(r, &res, KIND, 2, ~2ull);
+    pop_expect(r, 2, 50);
+    /* and again and again: a steady small stream keeps to the first page */
+    for (uint64_t id = 3; id < 1000; id++) {
+        CHECK_EQ(fp_ring_reserve(r, 40, &res, &p), FP_OK);
+        CHECK_EQ(resv_offset(r, &res), 0);
+        fill(p, 40, id);
+        fp_ring_commit(r, &res, KIND, id, ~id);
+        pop_expect(r, id, 40);
+    }
+    free(r);
+}
+
+TEST(nonempty_ring_does_not_restart)
+{
+    fp_ring_t *r = ring_new(4096);
+    CHECK_EQ(push_seeded(r, 1, 100), FP_OK);
+    CHECK_EQ(push_seeded(r, 2, 100), FP_OK);
+    pop_expect(r, 1, 100);
+    fp_resv_t res;
+    unsigned char *p = NULL;
+    CHECK_EQ(fp_ring_reserve(r, 50, &res, &p), FP_OK);
+    CHECK_EQ(res.skip, 0);
+    CHECK_EQ(resv_offset(r, &res), 2 * fp_rec_size(100));
+    free(r);
+}
+
+/* Restarting needs the record to fit below the current offset; otherwise it
+ * stays where the producer is. */
+TEST(empty_ring_stays_put_when_the_record_is_larger_than_the_offset)
+{
+    fp_ring_t *r = ring_new(4096);
+    CHECK_EQ(push_seeded(r, 1, 8), FP_OK); /* 32 bytes */
+    pop_expect(r, 1, 8);
+    fp_resv_t res;
+    unsigned char *p = NULL;
+    CHECK_EQ(fp_ring_reserve(r, 100, &res, &p), FP_OK); /* 128 > 32 */
+    CHECK_EQ(res.skip, 0);
+    CHECK_EQ(resv_offset(r, &res), 32);
+    free(r);
+}
+
+TEST(bad_record_length_is_corrupt)
+{
+    fp_ring_t *r = ring_new(4096);
+    CHECK_EQ(push_seeded(r, 1, 100), FP_OK);
+    fp_rec_t *h = (fp_rec_t *)fp_ring_data(r);
+    h->len = 200; /* claims more than was published */
+    fp_rec_t *rec = NULL;
+    uint64_t next = 0;
+    CHECK_EQ(fp_ring_peek(r, &rec, &next), FP_CORRUPT);
+    h->len = 5000; /* runs past the end of the buffer */
+    CHECK_EQ(fp_ring_peek(r, &rec, &next), FP_CORRUPT);
+    h->len = 100;
+    pop_expect(r, 1, 100);
+    free(r);
+}
+
+TEST(reset_empties_the_ring_and_clears_waiters)
+{
+    fp_ring_t *r = ring_new(4096);
+    CHECK_EQ(push_seeded(r, 1, 100), FP_OK);
+    CHECK_EQ(push_seeded(r, 2, 100), FP_OK);
+    pop_expect(r, 1, 100);
+    fp_event_prepare(&r->data); /* waiters left behind by a peer that died parked */
+    fp_event_prepare(&r->space);
+    fp_ring_reset(r);
+    CHECK(fp_ring_empty(r));
+    CHECK_EQ(fp_load64_acquire(&r->head), 0);
+    CHECK_EQ(fp_event_notify(&r->data), 0);
+    CHECK_EQ(fp_event_notify(&r->space), 0);
+    fp_rec_t *rec = NULL;
+    uint64_t next = 0;
+    CHECK_EQ(fp_ring_peek(r, &rec, &next), FP_AGAIN); /* the old record 2 is gone */
+    CHECK_EQ(push_seeded(r, 3, 100), FP_OK);
+    pop_expect(r, 3, 100);
+    free(r);
+}
+
+/* ---- a long random run against a reference queue ---------------------- */
+
+typedef struct {
+    uint64_t id, len, end; /* end: the position the record's release hands back */
+} model_rec_t;
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 0x2545F4914F6CDD1Dull;
+}
+
+static uint64_t random_len(uint64_t *s, uint64_t max)
+{
+    uint64_t k = rng_next(s) % 100;
+    if (k < 25)
+        return rng_next(s) % 17;
+    if (k < 65)
+        return rng_next(s) % 257;
+    if (k < 88)
+        return rng_next(s) % 1025; /* max is at least 2024 */
+    if (k < 97)
+        return max - rng_next(s) % 64;
+    return max + 1 + rng_next(s) % 64; /* FP_TOOBIG */
+}
+
+static void random_run(uint64_t cap, uint64_t seed, int ops)
+{
+    fp_ring_t *r = ring_new(cap);
+    uint64_t max = fp_ring_max_record(r);
+    size_t qcap = cap / sizeof(fp_rec_t) + 1;
+    model_rec_t *q = calloc(qcap, sizeof(*q));
+    CHECK(q != NULL);
+    size_t qh = 0, qn = 0;
+    uint64_t head = 0, tail = 0, next_id = 1, rng = seed, jumps = 0, pads = 0, fulls = 0;
+    unsigned char *data = fp_ring_data(r);
+
+    for (int op = 0; op < ops; op++) {
+        uint64_t k = rng_next(&rng) % 100;
+        if (k < 3) { /* drain: exercises the empty-ring restart */
+            while (qn) {
+                pop_expect(r, q[qh].id, q[qh].len);
+                head = q[qh].end;
+                qh = (qh + 1) % qcap;
+                qn--;
+            }
+        } else if (k < 55) {
+            uint64_t len = random_len(&rng, max);
+            uint64_t need = fp_rec_size(len), off = tail % cap, to_end = cap - off;
+            int empty = head == tail;
+            int fits = need <= to_end ? tail + need - head <= cap : tail + to_end + need - head <= cap;
+            fp_resv_t res = {0};
+            unsigned char *p = NULL;
+            int rc = fp_ring_reserve(r, len, &res, &p);
+            if (len > max) {
+                CHECKF(rc == FP_TOOBIG, "seed %llu op %d", (unsigned long long)seed, op);
+                continue;
+            }
+            CHECKF(!empty || rc == FP_OK, "an empty ring refused %llu bytes, seed %llu op %d",
+                   (unsigned long long)len, (unsigned long long)seed, op);
+            CHECKF(rc == (fits ? FP_OK : FP_AGAIN), "rc %d fits %d seed %llu op %d", rc, fits,
+                   (unsigned long long)seed, op);
+            if (rc != FP_OK) {
+                fulls++;
+                continue;
+            }
+            uint64_t at = (uint64_t)(p - data) - sizeof(fp_rec_t);
+            CHECKF(at + need <= cap, "record wraps, seed %llu op %d", (unsigned long long)seed, op);
+            CHECK(at == off || at == 0);
+            if (empty && off != 0 && need <= off)
+                CHECKF(at == 0, "empty ring did not restart at 0, seed %llu op %d", (unsigned long long)seed, op);
+            if (at != off) {
+                CHECK(need > to_end || (empty && need <= off));
+                jumps += empty && need <= to_end;
+                pads += to_end >= sizeof(fp_rec_t);
+            }
+            uint64_t id = next_id++;
+            if (rng_next(&rng) & 1) {
+                fill(p, len, id);
+                fp_ring_commit(r, &res, KIND, id, ~id);
+            } else { /* same placement through fp_ring_push */
+                CHECK_EQ(push_seeded(r, id, len), FP_OK);
+            }
+            tail = (at == off ? tail : tail + to_end) + need;
+            CHECK_EQ(fp_load64_acquire(&r->tail), tail);
+            CHECK(qn < qcap);
+            q[(qh + qn) % qcap] = (model_rec_t){id, len, tail};
+            qn++;
+        } else if (qn) {
+            pop_expect(r, q[qh].id, q[qh].len);
+            CHECK_EQ(fp_load64_acquire(&r->head), q[qh].end);
+            head = q[qh].end;
+            qh = (qh + 1) % qcap;
+            qn--;
+        } else {
+            fp_rec_t *rec = NULL;
+            uint64_t next = 0;
+            CHECK_EQ(fp_ring_peek(r, &rec, &next), FP_AGAIN);
+        }
+        CHECK_EQ(fp_ring_empty(r), qn == 0);
+        CHECK(tail - head <= cap);
+    }
+    /* the run must have reached the corners it exists for */
+    CHECKF(jumps > 0 && pads > 0 && fulls > 0, "jumps %llu pads %llu fulls %llu", (unsigned long long)jumps,
+           (unsigned long long)pads, (unsigned long long)fulls);
+    free(q);
+    free(r);
+}
+
+TEST(random_sizes_match_a_reference_queue)
+{
+    random_run(4096, 1, 100000);
+    random_run(4104, 2, 100000);
+    random_run(65536, 3, 100000);
+}
+
+/* fp_rec_t.len is 32 bits, but fp_ring_max_record() is capacity/2 - 24 with
+ * no 4 GiB clamp, and fp_board_init accepts any capacity >= 4096.  Above
+ * 8 GiB of capacity, fp_ring_reserve accepts a record longer than UINT32_MAX,
+ * stores (uint32_t)len in the reservation, and fp_ring_commit then publishes
+ * only fp_rec_size(len mod 2^32) bytes: the caller writes 4 GiB+ of payload
+ * over space the ring hands out again. */
+TEST(record_longer_than_u32_is_refused_not_truncated)
+{
+    void *mem = NULL;
+    CHECK(posix_memalign(&mem, 4096, sizeof(fp_ring_t) + 4096) == 0); /* only the first record header is touched */
+    fp_ring_t *r = mem;
+    fp_ring_init(r, 1ull << 34);
+    uint64_t len = (1ull << 32) + 8;
+    fp_resv_t res;
+    unsigned char *p = NULL;
+    int rc = fp_ring_reserve(r, len, &res, &p);
+    if (rc == FP_OK) {
+        fp_ring_commit(r, &res, KIND, 1, 0); /* header at offset 0: inside the allocation */
+        CHECK_EQ(fp_load64_acquire(&r->tail), fp_rec_size(len));
+    }
+    CHECK_EQ(rc, FP_TOOBIG);
+    free(mem);
+}
+
+int main(int argc, char **argv) { return check_main(argc, argv); }
