@@ -101,6 +101,23 @@ class _PoolFuture(Future):
         return super().exception(timeout=0 if self.done() else timeout)
 
 
+class _ResultIterator(itertools.chain):
+    """The iterator map() returns: items of each chunk's result list, iterated in C
+    (no generator step per item), plus ``close()`` like a generator's, which
+    cancels the chunks not yet run."""
+
+    _chunks: Iterator[list]
+
+    @classmethod
+    def over(cls, chunks: Iterator[list]) -> "_ResultIterator":
+        it = cls.from_iterable(chunks)
+        it._chunks = chunks
+        return it
+
+    def close(self) -> None:
+        self._chunks.close()  # type: ignore[attr-defined]
+
+
 class _Task:
     __slots__ = ("id", "future", "payload", "fn_name", "options", "attempts", "slot",
                  "t_submit", "t_dispatch", "cancel_requested")
@@ -399,7 +416,9 @@ class Pool(Executor):
                 self._lock.release()
                 try:  # drive completions ourselves: that is what makes room
                     left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    self._drive(lambda: len(self._queue) < self._max_queue or self._closed,
+                    # drain to a low-water mark, not one slot: one drive per many submits
+                    low = self._max_queue - max(1, self._max_queue // 4)
+                    self._drive(lambda: len(self._queue) <= low or self._closed,
                                 PARK_SLICE_S if left is None else min(left, PARK_SLICE_S))
                 finally:
                     self._lock.acquire()
@@ -450,7 +469,8 @@ class Pool(Executor):
         for _ in range(window):
             if not submit_next():
                 break
-        return self._map_results(pending, submit_next, deadline, state if adaptive else None)
+        return _ResultIterator.over(self._map_results(pending, submit_next, deadline,
+                                                      state if adaptive else None))
 
     def _map_results(self, pending: deque, submit_next: Callable[[], bool], deadline: float | None,
                      adaptive: dict | None) -> Iterator[Any]:
@@ -467,9 +487,9 @@ class Pool(Executor):
                     adaptive["cs"] = int(min(8192, max(1, 2e6 / per_item)))
                 submit_next()
                 if isinstance(res, _worker.ChunkFailure):
-                    yield from res.results
+                    yield res.results
                     raise _codec.decode_exception(res.exc_payload)
-                yield from res
+                yield res
         finally:
             for fut in pending:
                 fut.cancel()
@@ -504,7 +524,7 @@ class Pool(Executor):
         for _ in range(window):
             if not submit_next():
                 break
-        return self._unordered_results(pending, done, submit_next)
+        return _ResultIterator.over(self._unordered_results(pending, done, submit_next))
 
     def _unordered_results(self, pending: set, done: deque, submit_next: Callable[[], bool]) -> Iterator[Any]:
         try:
@@ -515,9 +535,9 @@ class Pool(Executor):
                 submit_next()
                 res = fut.result()
                 if isinstance(res, _worker.ChunkFailure):
-                    yield from res.results
+                    yield res.results
                     raise _codec.decode_exception(res.exc_payload)
-                yield from res
+                yield res
         finally:
             for fut in pending:
                 fut.cancel()
@@ -584,7 +604,7 @@ class Pool(Executor):
     # ---- dispatch (pool lock held) -------------------------------------------------------
 
     def _check_circuit_locked(self) -> None:
-        if all(s.state == "open" for s in self._slots):
+        if self._slots[0].state == "open" and all(s.state == "open" for s in self._slots):
             is_open, retry, cause = _policy.all_open([s.breaker for s in self._slots], time.monotonic())
             if is_open:
                 raise errors.CircuitOpen(retry, cause)
@@ -736,7 +756,7 @@ class Pool(Executor):
         settle = []
         now = time.monotonic()
         with self._lock:
-            slots, inflight = self._slots, self._inflight
+            slots, inflight, counts = self._slots, self._inflight, self._counts
             for sid, kind, tid, aux, payload in recs:
                 slot = slots[sid]
                 if kind == R_READY:
@@ -768,6 +788,15 @@ class Pool(Executor):
                 if task is None:
                     self._counts["unknown_replies"] += 1
                     continue
+                if task.cancel_requested:
+                    counts["cancelled"] += 1
+                elif kind == R_OK:
+                    counts["completed"] += 1
+                elif kind == R_BAD_RESULT:
+                    counts["bad_results"] += 1
+                    counts["failed"] += 1
+                else:
+                    counts["failed"] += 1
                 self._ewma_run_ns += 0.2 * (aux - self._ewma_run_ns)
                 self._run_ns.append(aux)
                 self._wait_ns.append(int((task.t_dispatch - task.t_submit) * 1e9))
@@ -784,33 +813,29 @@ class Pool(Executor):
         fut._run_ns = aux  # type: ignore[attr-defined]
         try:
             if task.cancel_requested:
-                self._count("cancelled")
                 fut.set_exception(CancelledError(f"task {task.id} was cancelled while it ran"))
             elif kind == R_OK:
                 try:
                     value = _codec.loads(payload)
                 except Exception as exc:  # noqa: BLE001 - the parent cannot rebuild the result
+                    self._count("completed", -1)
                     self._count("failed")
                     fut.set_exception(errors.SerializationError(
                         f"the result of task {task.id}", f"unpickling failed in the parent: {exc!r}"))
                     return
-                self._count("completed")
                 fut.set_result(value)
             elif kind == R_ERR:
-                self._count("failed")
                 fut.set_exception(_codec.decode_exception(payload))
             elif kind == R_BAD_RESULT:
-                self._count("bad_results")
-                self._count("failed")
                 log.warning("fastpool: task %s (%s) returned a result that cannot be pickled; "
                             "the worker is fine", task.id, task.fn_name)
                 fut.set_exception(_codec.decode_bad_result(payload))
         except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
             pass
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
-            self._counts[key] += 1
+            self._counts[key] += n
 
     # ---- deaths --------------------------------------------------------------------
 
