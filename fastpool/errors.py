@@ -55,7 +55,13 @@ __all__ = [
 
 
 def _restore(cls: type, args: tuple, state: dict) -> BaseException:
-    exc = cls.__new__(cls)
+    # Every class keeps its positional constructor arguments in args; keyword-only
+    # facts travel in state.  cls.__new__ alone would pick RuntimeError's __new__ for
+    # classes that also derive from TimeoutError (an OSError), which CPython refuses.
+    try:
+        exc = cls(*args)
+    except TypeError:
+        exc = cls.__new__(cls, *args)
     exc.args = args
     exc.__dict__.update(state)
     return exc

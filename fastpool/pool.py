@@ -42,7 +42,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
-from fastpool import _codec, _policy, _sizing, _template, _worker, errors
+from fastpool import _codec, _memory, _policy, _sizing, _template, _worker, errors
 from fastpool._codec import (
     K_CALL,
     K_INIT,
@@ -139,7 +139,8 @@ class _Task:
 class _Slot:
     __slots__ = ("id", "state", "pid", "pidfd", "assigned", "breaker", "spawned_at", "ready_at",
                  "answered", "served", "kill_reason", "req", "cur_seen", "cur_since", "hb_seen",
-                 "hb_since", "init_error", "restart_at")
+                 "hb_since", "init_error", "restart_at", "mem", "cg", "cg_at", "oom_before",
+                 "retiring", "baseline")
 
     def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
         self.id = sid
@@ -160,6 +161,12 @@ class _Slot:
         self.hb_since = 0.0
         self.init_error: BaseException | None = None
         self.restart_at: float | None = None
+        self.mem: _memory.WorkerMemory | None = None
+        self.cg: dict | None = None  # the worker's own memory cgroup, tracked while it lives
+        self.cg_at = 0.0
+        self.oom_before: int | None = None
+        self.retiring = False
+        self.baseline: int | None = None
 
 
 def _summarise(payload: bytes) -> str:
@@ -222,14 +229,21 @@ class Pool(Executor):
         max_failures: int = 6,
         breaker_open_s: float = 300.0,
         blas_threads: int | None = None,
+        memory_limit: int | float | str | None = None,
+        memory_interval_s: float = 0.1,
+        max_tasks_per_worker: int | None = None,
+        leak_threshold: int | str | None = None,
+        min_available_memory: int | float | str | None = 0.03,
     ) -> None:
         if _template.BOOTING:
             raise RuntimeError(
                 "a fastpool.Pool was created while the worker template imported your main "
                 "script; guard the code that creates pools with `if __name__ == \"__main__\":`"
             )
-        if workers is None:
-            workers = _sizing.default_workers()
+        limit = _sizing.parse_memory(memory_limit) if memory_limit is not None else None
+        if workers is None or workers == "auto":
+            # with a per-worker budget, never start more workers than memory allows
+            workers = _sizing.default_workers(limit)
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive int, not {workers!r}")
         if on_full not in ("block", "reject"):
@@ -246,6 +260,18 @@ class Pool(Executor):
         self._queue_timeout = queue_timeout
         self._task_timeout = task_timeout
         self._hang_timeout = hang_timeout
+        self._memory_limit = limit
+        self._memory_interval_s = memory_interval_s
+        if max_tasks_per_worker is not None and max_tasks_per_worker < 1:
+            raise ValueError("max_tasks_per_worker must be >= 1")
+        self._max_tasks = max_tasks_per_worker
+        self._leak_threshold = _sizing.parse_memory(leak_threshold) if leak_threshold is not None else None
+        self._min_available = (_sizing.parse_memory(min_available_memory)
+                               if min_available_memory is not None else None)
+        self._available_memory = _sizing.available_memory_bytes  # replaced in tests
+        self._paused = False
+        self._last_available: int | None = None
+        self._next_memory_tick = 0.0
 
         init_fn = _codec.function_bytes(initializer) if initializer is not None else None
         if blas_threads is None:
@@ -274,7 +300,8 @@ class Pool(Executor):
         self._last_fg = 0.0
 
         self._counts = dict(submitted=0, completed=0, failed=0, crashed=0, restarts=0,
-                            cancelled=0, unknown_replies=0, retried=0, bad_results=0, inline=0)
+                            cancelled=0, unknown_replies=0, retried=0, bad_results=0, inline=0,
+                            recycled=0, paused=0)
         self._crashes: deque[dict] = deque(maxlen=256)
         self._wait_ns: deque[int] = deque(maxlen=8192)
         self._run_ns: deque[int] = deque(maxlen=8192)
@@ -593,9 +620,14 @@ class Pool(Executor):
                 workers.append(dict(slot=s.id, pid=s.pid, state=st, health=health,
                                     failures=s.breaker.failures, current_task=info[2] or None,
                                     served=info[4], heartbeat=info[3],
-                                    age_s=(now - s.spawned_at) if s.pid else None))
+                                    age_s=(now - s.spawned_at) if s.pid else None,
+                                    rss_bytes=s.mem.current_bytes if s.mem and live else None,
+                                    peak_rss_bytes=s.mem.peak_bytes if s.mem else None,
+                                    retiring=s.retiring))
             out = dict(self._counts, queued=len(self._queue), inflight=len(self._inflight),
-                       workers=workers, prefetch=self._depth, closed=self._closed)
+                       workers=workers, prefetch=self._depth, closed=self._closed,
+                       dispatch_paused=self._paused, available_memory_bytes=self._last_available,
+                       memory_limit_bytes=self._memory_limit)
             waits, runs = sorted(self._wait_ns), sorted(self._run_ns)
         out["crashes"] = list(self._crashes)
         out["latency"] = {"queue_wait_us": _percentiles(waits), "run_us": _percentiles(runs)}
@@ -610,16 +642,26 @@ class Pool(Executor):
                 raise errors.CircuitOpen(retry, cause)
 
     def _pick_locked(self) -> _Slot | None:
-        if self._idle:
-            return self._slots[self._idle.pop()]
+        if self._paused:
+            return None  # memory pressure: feeding workers now would feed the OOM killer
+        while self._idle:
+            s = self._slots[self._idle.pop()]
+            if self._accepts(s):
+                return s
         if self._depth <= 1:
             return None
         best = None
         for s in self._slots:
-            if s.state == "ready" and len(s.assigned) < self._depth:
+            if s.state == "ready" and len(s.assigned) < self._depth and self._accepts(s):
                 if best is None or len(s.assigned) < len(best.assigned):
                     best = s
         return best
+
+    def _accepts(self, s: _Slot) -> bool:
+        """A retiring worker gets nothing more; one near max_tasks only what it may still run."""
+        if s.retiring:
+            return False
+        return self._max_tasks is None or s.served + len(s.assigned) < self._max_tasks
 
     def _dispatch_locked(self) -> None:
         board, queue = self._board, self._queue
@@ -782,7 +824,12 @@ class Pool(Executor):
                     slot.answered = True
                     slot.breaker.on_success()  # first reply, not spawn: see _policy
                 slot.served += 1
-                if not slot.assigned and slot.state == "ready":
+                if self._max_tasks is not None and slot.served >= self._max_tasks:
+                    slot.retiring = True
+                if slot.retiring:
+                    if not slot.assigned:
+                        self._retire_locked(slot)
+                elif not slot.assigned and slot.state == "ready":
                     self._idle.append(sid)
                 task = inflight.pop(tid, None)
                 if task is None:
@@ -870,13 +917,25 @@ class Pool(Executor):
                     self._idle.remove(sid)
                 for task in reversed(requeue):  # never started: back to the queue front
                     self._queue.appendleft(task)
-                expected = self._stopping or (reason is not None and reason[0] == "stop")
-                if expected:
+                retired = reason is not None and reason[0] == "retire"
+                if self._stopping or (reason is not None and reason[0] == "stop") or (retired and victim is None):
                     slot.state = "dead"
                     slot.pid = None
+                    slot.retiring = False
+                    if retired and not self._stopping:
+                        self._counts["recycled"] += 1
+                        self._spawn(slot, time.monotonic())  # a planned exit: no backoff, no breaker
+                        self._dispatch_locked()
                     continue
                 cause = reason[0] if reason else ("init" if slot.init_error or slot.state == "starting" else "died")
+                evidence = ""
+                if exitcode == -signal.SIGKILL and reason is None:
+                    confirmed, evidence = self._oom_evidence(slot)
+                    if confirmed:
+                        cause = "oom-killer"
                 record = self._crash_record(slot, pid, exitcode, cause, victim, reason)
+                if evidence:
+                    record["evidence"] = evidence
                 self._crashes.append(record)
                 self._counts["crashed"] += 1
                 if victim is not None:
@@ -909,6 +968,23 @@ class Pool(Executor):
                 pass
         return handled
 
+    def _retire_locked(self, slot: _Slot) -> None:
+        """Asks an idle worker to exit between tasks; its death spawns the replacement."""
+        if slot.kill_reason is not None or slot.pid is None:
+            return
+        if slot.id in self._idle:
+            self._idle.remove(slot.id)
+        slot.kill_reason = ("retire", None, "")
+        if not self._board.push_task(slot.id, K_STOP, 0, b""):
+            self._kill(slot, ("retire", None, ""))
+
+    def _oom_evidence(self, slot: _Slot) -> tuple[bool, str]:
+        """Was this SIGKILL (that fastpool did not send) the kernel's OOM killer?"""
+        after = _memory.oom_kill_count(slot.cg) if slot.cg else None
+        mem = slot.mem
+        return _memory.judge_sigkill(slot.oom_before, after, mem.current_bytes if mem else None,
+                                     _cgroup_limit(slot.cg) or self._memory_limit, False)
+
     def _retry_outcome(self, task: _Task) -> str:
         if task.options is None:
             return "fail"
@@ -923,6 +999,15 @@ class Pool(Executor):
             return CancelledError(f"task {task.id} was cancelled; its worker was killed and replaced")
         if cause == "hung":
             return errors.WorkerHung(slot.id, pid, exitcode, task.id, detail)
+        if cause in ("memory", "oom-killer"):
+            mem = slot.mem
+            limit = self._memory_limit
+            if cause == "oom-killer":
+                limit = _cgroup_limit(slot.cg) or limit
+            return errors.WorkerMemoryError(
+                slot.id, pid, exitcode, task.id, detail or f"function {task.fn_name}({_summarise(task.payload)})",
+                reason="memory-limit" if cause == "memory" else "oom-killer", limit_bytes=limit,
+                rss_bytes=mem.current_bytes if mem else None, peak_rss_bytes=mem.peak_bytes if mem else None)
         return errors.WorkerCrashed(slot.id, pid, exitcode, task.id,
                                     f"function {task.fn_name}({_summarise(task.payload)})")
 
@@ -962,6 +1047,8 @@ class Pool(Executor):
         slot.spawned_at = now
         slot.kill_reason = None
         slot.cur_seen, slot.hb_seen = 0, -1
+        slot.mem, slot.cg, slot.oom_before, slot.baseline = None, None, None, None
+        slot.retiring = False
         slot.req = next(_ids)  # unique across slots: the reply is matched by it
         with self._send_lock:
             _template._send(self._conn, ("spawn", slot.req, slot.id, {}), [self._board.fileno()])
@@ -1000,6 +1087,9 @@ class Pool(Executor):
                         self._on_pidfd(sid, key.fileobj)  # type: ignore[arg-type]
                 self._run_timers()
                 self._check_liveness()
+                if time.monotonic() >= self._next_memory_tick:
+                    self._next_memory_tick = time.monotonic() + self._memory_interval_s
+                    self._check_memory()
         except Exception:  # noqa: BLE001
             if not self._stopping:
                 log.exception("fastpool supervisor failed")
@@ -1099,6 +1189,59 @@ class Pool(Executor):
             elif self._hang_timeout and now - slot.hb_since > self._hang_timeout:
                 self._kill(slot, ("hung", cur, f"no heartbeat for {now - slot.hb_since:.1f} s "
                                   f"(hang_timeout={self._hang_timeout:g} s)"))
+
+    def _check_memory(self) -> None:
+        """RSS per worker (limit, leak), its cgroup's OOM counter, and system pressure."""
+        now = time.monotonic()
+        for slot in self._slots:
+            pid = slot.pid
+            if pid is None or slot.state not in ("starting", "ready") or slot.kill_reason is not None:
+                continue
+            if slot.mem is None or slot.mem.pid != pid:
+                slot.mem = _memory.WorkerMemory(slot.id, pid)
+            sample = slot.mem.sample(now)
+            if sample is None:
+                continue
+            if slot.cg is None or now - slot.cg_at > 1.0:
+                # A worker (or its task) may move itself to another cgroup: follow it, and
+                # read the counter while it is alive, so that after a SIGKILL we compare
+                # the same cgroup's counter before and after.
+                cg = _memory.cgroup_of(pid)
+                count = _memory.oom_kill_count(cg)
+                if slot.pidfd is not None and not select_read(slot.pidfd, 0):
+                    slot.cg, slot.oom_before, slot.cg_at = cg, count, now
+            cur = self._board.current(slot.id) if slot.state == "ready" else 0
+            if self._memory_limit and sample.rss_bytes > self._memory_limit:
+                mib = sample.rss_bytes / 2**20
+                self._kill(slot, ("memory", cur or None,
+                                  f"RSS {mib:.0f} MiB over memory_limit {self._memory_limit / 2**20:.0f} MiB"))
+                continue
+            if slot.served >= 1 and slot.baseline is None:
+                slot.baseline = sample.rss_bytes  # after the first task: imports and caches are in
+            if (self._leak_threshold and slot.baseline is not None and not slot.retiring
+                    and _memory.leaked(slot.baseline, sample.rss_bytes, self._leak_threshold)):
+                with self._lock:
+                    slot.retiring = True
+                    if not slot.assigned:
+                        self._retire_locked(slot)
+        if self._min_available is not None:
+            try:
+                avail = self._available_memory()
+            except Exception:  # noqa: BLE001 - a reading we cannot take pauses nothing
+                return
+            self._last_available = avail
+            paused = avail < self._min_available
+            if paused != self._paused:
+                with self._lock:
+                    self._paused = paused
+                    if paused:
+                        self._counts["paused"] += 1
+                        log.warning("fastpool: available memory %d MiB is below %d MiB; dispatch "
+                                    "paused", avail >> 20, self._min_available >> 20)
+                    else:
+                        log.warning("fastpool: memory is back (%d MiB available); dispatch resumed",
+                                    avail >> 20)
+                        self._dispatch_locked()
 
     def _kill(self, slot: _Slot, reason: tuple[str, int | None, str]) -> None:
         slot.kill_reason = reason
@@ -1216,6 +1359,22 @@ class PoolOptions:
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         """``Pool.submit`` with these options.  Thread-safe."""
         return self._pool._submit(fn, args, kwargs, self._options)
+
+
+def _cgroup_limit(cg: dict | None) -> int | None:
+    """The memory limit of one cgroup (v2 memory.max or v1 memory.limit_in_bytes)."""
+    if not cg:
+        return None
+    for key, name in (("v2", "memory.max"), ("v1_memory", "memory.limit_in_bytes")):
+        path = cg.get(key)
+        if path is not None:
+            try:
+                value = int((path / name).read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            if value < 1 << 60:
+                return value
+    return None
 
 
 def select_read(fd: Any, timeout: float) -> bool:

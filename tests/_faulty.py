@@ -97,3 +97,29 @@ async def async_failing_child():
         raise KeyError("from a child task")
 
     await asyncio.gather(asyncio.create_task(child()))
+
+
+def allocate_mib(mib, hold_s=5.0):
+    """Allocates and touches mib MiB step by step (so a sampler sees it grow), then holds it."""
+    import numpy as np
+
+    blocks = []
+    for _ in range(mib // 16):
+        blocks.append(np.ones(16 * 2**20, dtype=np.uint8))
+        time.sleep(0.005)
+    time.sleep(hold_s)
+    return len(blocks)
+
+
+_LEAK = []
+
+
+def leak_mib(mib):
+    import numpy as np
+
+    _LEAK.append(np.ones(mib * 2**20, dtype=np.uint8))
+    return os.getpid()
+
+
+def pid_and(x):
+    return (os.getpid(), x)
