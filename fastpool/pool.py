@@ -42,7 +42,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
-from fastpool import _codec, _memory, _policy, _sizing, _template, _worker, errors
+from fastpool import _arena, _codec, _memory, _policy, _sizing, _template, _worker, errors
 from fastpool._codec import (
     K_CALL,
     K_INIT,
@@ -140,7 +140,7 @@ class _Slot:
     __slots__ = ("id", "state", "pid", "pidfd", "assigned", "breaker", "spawned_at", "ready_at",
                  "answered", "served", "kill_reason", "req", "cur_seen", "cur_since", "hb_seen",
                  "hb_since", "init_error", "restart_at", "mem", "cg", "cg_at", "oom_before",
-                 "retiring", "baseline")
+                 "retiring", "baseline", "cg_text")
 
     def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
         self.id = sid
@@ -164,6 +164,7 @@ class _Slot:
         self.mem: _memory.WorkerMemory | None = None
         self.cg: dict | None = None  # the worker's own memory cgroup, tracked while it lives
         self.cg_at = 0.0
+        self.cg_text: str | None = None
         self.oom_before: int | None = None
         self.retiring = False
         self.baseline: int | None = None
@@ -234,6 +235,7 @@ class Pool(Executor):
         max_tasks_per_worker: int | None = None,
         leak_threshold: int | str | None = None,
         min_available_memory: int | float | str | None = 0.03,
+        arena_bytes: int | None = None,
     ) -> None:
         if _template.BOOTING:
             raise RuntimeError(
@@ -276,10 +278,7 @@ class Pool(Executor):
         init_fn = _codec.function_bytes(initializer) if initializer is not None else None
         if blas_threads is None:
             blas_threads = max(1, _sizing.usable_cpus() // workers)
-        try:
-            self._init_payload = _codec.dumps((init_fn, tuple(initargs), blas_threads))
-        except Exception as exc:
-            raise errors.SerializationError("initargs", f"{type(exc).__name__}: {exc}") from exc
+        init_call = (init_fn, tuple(initargs), blas_threads)  # encoded once the arena exists
 
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)  # the queue has room again
@@ -313,10 +312,15 @@ class Pool(Executor):
             for i in range(workers)
         ]
         self._board = Board.create(workers, ring_bytes)
+        self._arena_keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
         try:
+            self._arena = _arena.Arena.create(workers, arena_bytes or _arena.default_budget())
+            self._init_payload = _codec.encode_init(init_call, self._arena, self._arena_keep)
             self._conn = _template.template().connect()
         except BaseException:
             self._board.close()
+            if hasattr(self, "_arena"):
+                self._arena.close()
             raise
         self._send_lock = threading.Lock()
         self._timers: list[tuple[float, int, str, int]] = []  # (when, seq, what, slot)
@@ -352,6 +356,33 @@ class Pool(Executor):
         every worker slot's breaker is open.  A task that raises sets that exception
         on the future, with the worker's traceback as ``__cause__``.  Thread-safe."""
         return self._submit(fn, args, kwargs, getattr(fn, "options", None) if isinstance(fn, TaskFunction) else None)
+
+    def empty(self, shape: Any, dtype: Any = float, order: str = "C") -> Any:
+        """An uninitialised ndarray in this pool's shared memory (README "Zero-copy arrays").
+
+        Passing it, or any view of it, to a task moves a descriptor, not bytes; the
+        worker sees the same memory.  Raises SharedMemoryError (saying what is free)
+        when it cannot fit, TypeError for object dtypes, PoolClosed after shutdown.
+        Thread-safe."""
+        self._arrays_open()
+        return _arena.new_array(self._arena, shape, dtype, order)
+
+    def zeros(self, shape: Any, dtype: Any = float, order: str = "C") -> Any:
+        """Like ``empty``, filled with zeros.  Thread-safe."""
+        self._arrays_open()
+        return _arena.new_array(self._arena, shape, dtype, order, True)
+
+    def share(self, arr: Any, readonly: bool = False) -> Any:
+        """A copy of ``arr`` in this pool's shared memory (the one copy in).
+
+        ``readonly=True``: the copy, and every view of it a worker receives, is not
+        writeable.  Errors as for ``empty``.  Thread-safe."""
+        self._arrays_open()
+        return _arena.share(self._arena, arr, readonly)
+
+    def _arrays_open(self) -> None:
+        if self._closed:
+            raise errors.PoolClosed("this pool was shut down: its shared memory takes no new arrays")
 
     def options(self, *, pure: bool = False, timeout: float | None = None,
                 fallback: str | None = None) -> "PoolOptions":
@@ -396,7 +427,8 @@ class Pool(Executor):
         if self._closed:
             raise errors.PoolClosed()
         fn_bytes = _codec.function_bytes(fn)
-        payload = _codec.encode_call(fn_bytes, args, kwargs)
+        keep: list = []  # shared blocks the call names: held until its future settles
+        payload = _codec.encode_call(fn_bytes, args, kwargs, self._arena, keep)
         if len(payload) > self._board.max_record:
             raise errors.SerializationError(
                 f"the call of {getattr(fn, '__qualname__', fn)!r}",
@@ -405,6 +437,8 @@ class Pool(Executor):
                 "Pool(ring_bytes=...). Nothing was submitted")
         fut = _PoolFuture()
         fut._pool = self
+        if keep:
+            _codec.hold(fut, keep)
         task = _Task(0, fut, payload, getattr(fn, "__qualname__", None) or repr(fn), options)
         try:
             self._enqueue(task)
@@ -899,6 +933,7 @@ class Pool(Executor):
                 slot = self._slots[sid]
                 if slot.pid != pid:
                     continue
+                self._arena.reclaim(sid)  # the dead worker's references on shared blocks
                 current = self._board.current(sid)
                 reason = slot.kill_reason
                 slot.kill_reason = None
@@ -988,7 +1023,7 @@ class Pool(Executor):
     def _retry_outcome(self, task: _Task) -> str:
         if task.options is None:
             return "fail"
-        return _policy.crash_outcome(task.options, task.attempts + 1, False)
+        return _policy.crash_outcome(task.options, task.attempts + 1, _codec.has_transferred(task.future))
 
     def _victim_error(self, slot: _Slot, pid: int, exitcode: int | None, task: _Task, cause: str,
                       reason: tuple | None) -> BaseException:
@@ -1047,11 +1082,11 @@ class Pool(Executor):
         slot.spawned_at = now
         slot.kill_reason = None
         slot.cur_seen, slot.hb_seen = 0, -1
-        slot.mem, slot.cg, slot.oom_before, slot.baseline = None, None, None, None
+        slot.mem, slot.cg, slot.oom_before, slot.baseline, slot.cg_text = None, None, None, None, None
         slot.retiring = False
         slot.req = next(_ids)  # unique across slots: the reply is matched by it
         with self._send_lock:
-            _template._send(self._conn, ("spawn", slot.req, slot.id, {}), [self._board.fileno()])
+            _template._send(self._conn, ("spawn", slot.req, slot.id, {}), [self._board.fileno(), self._arena.fileno()])
 
     def _schedule_restart_locked(self, slot: _Slot, cause: str, record: dict) -> None:
         slot.pid = None
@@ -1202,14 +1237,21 @@ class Pool(Executor):
             sample = slot.mem.sample(now)
             if sample is None:
                 continue
-            if slot.cg is None or now - slot.cg_at > 1.0:
-                # A worker (or its task) may move itself to another cgroup: follow it, and
-                # read the counter while it is alive, so that after a SIGKILL we compare
-                # the same cgroup's counter before and after.
-                cg = _memory.cgroup_of(pid)
-                count = _memory.oom_kill_count(cg)
-                if slot.pidfd is not None and not select_read(slot.pidfd, 0):
-                    slot.cg, slot.oom_before, slot.cg_at = cg, count, now
+            # A worker (or its task) may move itself to another cgroup: follow it every
+            # tick, and read that cgroup's OOM counter while the worker is alive, so that
+            # after a SIGKILL we compare the same cgroup's counter before and after.
+            try:
+                with open(f"/proc/{pid}/cgroup") as f:
+                    where = f.read()
+            except OSError:
+                where = None
+            if where != slot.cg_text or slot.cg is None:  # resolving the paths costs ~100 us
+                slot.cg_text = where
+                slot.cg = _memory.cgroup_of(pid)
+            cg = slot.cg
+            count = _memory.oom_kill_count(cg)
+            if slot.pidfd is not None and not select_read(slot.pidfd, 0):
+                slot.oom_before, slot.cg_at = count, now
             cur = self._board.current(slot.id) if slot.state == "ready" else 0
             if self._memory_limit and sample.rss_bytes > self._memory_limit:
                 mib = sample.rss_bytes / 2**20
@@ -1298,6 +1340,7 @@ class Pool(Executor):
                 self._collector.join(5)
             with self._drive_lock:
                 self._board.close()
+            self._arena.close()
             self._sel.close()
             self._conn.close()
             for fd in (self._wake_r, self._wake_w):
