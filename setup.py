@@ -16,6 +16,14 @@ setup(
             depends=[os.path.join("csrc", f) for f in sorted(os.listdir("csrc")) if f.endswith(".h")],
             extra_compile_args=CFLAGS,
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-        )
+        ),
+        Extension(
+            "fastpool._arena",
+            sources=["fastpool/_arena.pyx"],  # csrc/fp_arena.h, header-only
+            include_dirs=["csrc", numpy.get_include()],
+            depends=["csrc/fp_arena.h", "csrc/fp_atomic.h", "csrc/fp_status.h"],
+            extra_compile_args=CFLAGS,
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        ),
     ],
 )

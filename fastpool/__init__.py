@@ -14,6 +14,7 @@ except ImportError as exc:  # pragma: no cover - depends on how it was installed
         f"built; a plain source checkout on sys.path is not enough. ({exc})"
     ) from exc
 
+from fastpool._codec import transfer
 from fastpool._template import shutdown_template
 from fastpool._worker import cancelled
 from fastpool.errors import (
@@ -42,6 +43,7 @@ __all__ = [
     "TaskFunction",
     "task",
     "cancelled",
+    "transfer",
     "shutdown_template",
     "FastPoolError",
     "BrokenPool",

@@ -4,13 +4,31 @@ Functions are pickled once per function object (cached) by reference when
 they are importable, and by value with cloudpickle when they live in
 ``__main__`` or are lambdas/closures, so scripts and notebooks work without the
 ``if __name__ == "__main__"`` re-import that spawn needs for every call.
+
+Arrays (issue 3).  With an arena (the pool's shared memory), a custom pickler
+sends an ndarray as a descriptor -- arena token, block offset and generation,
+byte offset, dtype, shape, strides, read-only, handoff -- instead of its bytes:
+
+    arena-backed array or any view of it -> descriptor, zero bytes copied
+    plain array >= OOB_THRESHOLD_BYTES   -> one copy into a fresh block of the
+                                            sender's region, then a descriptor
+    object dtype, small, subclasses      -> pickled as before (inline in the ring)
+    array of another (or a closed) pool  -> treated as a plain array: one copy
+
+The receiver maps each descriptor from its own mapping (its own counter).  The
+block must outlive the trip: the parent keeps a call's blocks in ``keep`` (the
+future holds them until it settles); a worker adds one reference per result
+descriptor (``handoff``) that the parent drops once it holds its own.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
+import sys
 import traceback
 import types
+import weakref
 from typing import Any, Callable
 
 from fastpool import errors
@@ -28,6 +46,13 @@ R_READY = 16
 R_INIT_FAILED = 17
 
 PROTOCOL = 5
+OOB_THRESHOLD_BYTES = 64 << 10  # smaller plain arrays travel inline: a block costs a page
+
+TRANSFERRED = "transferred"  # marker in a call's keep list: the task holds detached buffers
+_transfer_marks: dict[int, Any] = {}  # id(array) -> weakref, set by transfer()
+_PROCESS_ARENA: list[Any] = [None]  # a worker's own arena (results are encoded into it)
+_ndarray: Any = None
+_ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
 
 _FN_CACHE: dict[Any, bytes] = {}
 _FN_CACHE_MAX = 1024
@@ -79,10 +104,203 @@ def function_bytes(fn: Callable[..., Any]) -> bytes:
     return data
 
 
-def encode_call(fn_bytes: bytes, args: tuple, kwargs: dict) -> bytes:
-    """Pickles a call; raises SerializationError naming the bad argument."""
+def _np_ndarray() -> Any:
+    global _ndarray
+    if _ndarray is None and "numpy" in sys.modules:
+        _ndarray = sys.modules["numpy"].ndarray
+    return _ndarray
+
+
+def transfer(arr: Any) -> Any:
+    """Marks a shared array as handed to the next task (or result) it is sent with.
+
+    Once that call is submitted (or that result returned), this handle is detached:
+    indexing, ufuncs and NumPy functions, repr, len, iteration, copy/astype/tolist/
+    tobytes, and sending it again raise ``DetachedBufferError``; any other path sees
+    a zero-length read-only array, never the task's bytes.  A task holding
+    transferred buffers is never retried automatically.  Views taken from ``arr``
+    before the transfer are separate handles and stay valid.  Returns ``arr``.
+    Raises TypeError for an array that is not a view of a pool's shared memory, or a 0-d one."""
+    nd = _np_ndarray()
+    if nd is not None and type(arr) is __getattr__("DetachedArray"):
+        raise errors.DetachedBufferError("this array was already transferred to a task")
+    if nd is None or not isinstance(arr, nd) or _block_of(arr) is None:
+        raise TypeError("fastpool.transfer() takes an array from pool.empty/zeros/share (or a view "
+                        f"of one), not {type(arr).__name__}; plain arrays are copied anyway")
+    if arr.ndim == 0:
+        raise TypeError("fastpool.transfer() needs an array with at least one dimension")
+    _transfer_marks[id(arr)] = weakref.ref(arr, lambda _r, k=id(arr): _transfer_marks.pop(k, None))
+    return arr
+
+
+def _block_of(arr: Any) -> Any:
+    from fastpool._arena import Block
+
+    nd = _np_ndarray()
+    b = arr.base
+    while isinstance(b, nd):
+        b = b.base
+    return b if isinstance(b, Block) else None
+
+
+def _detached(*_a: Any, **_k: Any) -> Any:
+    raise errors.DetachedBufferError(
+        "this array was transferred to a task with fastpool.transfer(); use the array the task "
+        "returns (or a copy taken before the transfer)")
+
+
+def _make_detached_type() -> type:
+    import numpy as np
+
+    ns: dict[str, Any] = {"__slots__": ()}
+    for name in ("__getitem__", "__setitem__", "__array_ufunc__", "__array_function__", "__repr__",
+                 "__str__", "__len__", "__iter__", "__array__", "__reduce__", "__reduce_ex__",
+                 "__copy__", "__deepcopy__", "copy", "astype", "tolist", "tobytes", "item", "view",
+                 "reshape", "fill", "__format__"):
+        ns[name] = _detached
+    from fastpool import _arena
+
+    cls = type("DetachedArray", (np.ndarray,), ns)
+    _arena.plain_instances(cls)  # same layout as ndarray, so detach() may swap the type in
+    return cls
+
+
+class _LazyDetached:
+    cls: Any = None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DetachedArray":
+        if _LazyDetached.cls is None:
+            _LazyDetached.cls = _make_detached_type()
+        return _LazyDetached.cls
+    raise AttributeError(name)
+
+
+class _ArrayPickler(pickle.Pickler):
+    """Pickles ndarrays as arena descriptors (see the module docstring)."""
+
+    def __init__(self, file: Any, arena: Any, keep: list | None, handoff: bool) -> None:
+        super().__init__(file, PROTOCOL)
+        self.arena = arena
+        self.keep = keep
+        self.handoff = handoff
+        self.handed: list = []  # blocks this worker added a reference to (undone on failure)
+        self.detach: list = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        nd = _np_ndarray()
+        if nd is None or not isinstance(obj, nd):
+            return NotImplemented
+        det = __getattr__("DetachedArray")
+        if type(obj) is det:
+            _detached()
+        if type(obj) is not nd:
+            return NotImplemented
+        from fastpool import _arena
+
+        arena = self.arena
+        blk = _block_of(obj)
+        transferring = id(obj) in _transfer_marks
+        if blk is None or blk.owner is not arena:
+            if transferring and blk is not None:
+                raise errors.SerializationError(
+                    "a transferred array", "it belongs to another pool (or one that was shut down); "
+                    "transfer only arrays of the pool you submit to")
+            if obj.dtype.hasobject or obj.nbytes < OOB_THRESHOLD_BYTES:
+                return NotImplemented
+            blk = arena.alloc(obj.nbytes)  # the one copy: straight into shared memory
+            order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
+            import numpy as np
+
+            dst = np.ndarray(obj.shape, obj.dtype, buffer=blk, order=order)
+            np.copyto(dst, obj, casting="no")
+            byte_off, strides, readonly = 0, dst.strides, not obj.flags.writeable
+        else:
+            byte_off = obj.__array_interface__["data"][0] - blk.address
+            strides, readonly = obj.strides, (not obj.flags.writeable) or blk.readonly
+            if transferring:
+                self.detach.append(obj)
+        if self.handoff:
+            arena.handoff(blk)
+            self.handed.append(blk)
+            src = arena.proc
+        else:
+            if self.keep is not None:
+                self.keep.append(blk)
+            src = -1
+        return (_arena.rebuild, (arena.token, blk.off, blk.gen, byte_off, obj.dtype, obj.shape, strides,
+                                 readonly, src))
+
+
+def encode(obj: Any, arena: Any, keep: list | None = None, handoff: bool = False) -> bytes:
+    """Pickles obj with arrays as descriptors into arena (plain dumps when arena is None).
+
+    ``keep`` collects the blocks that must live until the receiver has mapped them,
+    plus TRANSFERRED when obj carried transferred arrays; those are detached here,
+    after the pickle succeeded.  Raises what pickling raises; nothing is detached then."""
+    if arena is None:
+        return dumps(obj)
+    buf = io.BytesIO()
+    p = _ArrayPickler(buf, arena, keep, handoff)
     try:
-        return dumps((fn_bytes, args, kwargs))
+        p.dump(obj)
+    except BaseException:
+        for blk in p.handed:
+            arena.unref_for(arena.proc, blk.off)
+        raise
+    if p.detach:
+        from fastpool import _arena
+
+        det = __getattr__("DetachedArray")
+        for arr in p.detach:
+            _transfer_marks.pop(id(arr), None)
+            _arena.detach(arr, det)
+        if keep is not None:
+            keep.append(TRANSFERRED)
+    return buf.getvalue()
+
+
+def set_process_arena(arena: Any) -> None:
+    _PROCESS_ARENA[0] = arena
+
+
+def encode_result(result: Any) -> bytes:
+    """A worker's result: large arrays into its own region, handed off to the parent."""
+    return encode(result, None if type(result) in _ATOMIC else _PROCESS_ARENA[0], None, True)
+
+
+def hold(fut: Any, keep: list) -> None:
+    """Keeps a call's blocks alive until its future settles (retries included)."""
+    fut._fp_keep = keep
+    fut.add_done_callback(_release)
+
+
+def _release(fut: Any) -> None:
+    keep = getattr(fut, "_fp_keep", None)
+    if keep:
+        fut._fp_transferred = TRANSFERRED in keep
+        keep.clear()
+
+
+def has_transferred(fut: Any) -> bool:
+    """True if the call behind fut carried transferred buffers: never retry it."""
+    keep = getattr(fut, "_fp_keep", None)
+    return bool(keep and TRANSFERRED in keep) or bool(getattr(fut, "_fp_transferred", False))
+
+
+def encode_call(fn_bytes: bytes, args: tuple, kwargs: dict, arena: Any = None,
+                keep: list | None = None) -> bytes:
+    """Pickles a call; raises SerializationError naming the bad argument.
+
+    With ``arena``, arrays travel as descriptors (see ``encode``)."""
+    if arena is not None and all(type(a) in _ATOMIC for a in args) and (
+            not kwargs or all(type(v) in _ATOMIC for v in kwargs.values())):
+        arena = None  # nothing here can be an array: skip the custom pickler (~1 us)
+    try:
+        return encode((fn_bytes, args, kwargs), arena, keep)
+    except errors.FastPoolError:
+        raise
     except Exception as exc:
         what = "an argument"
         for i, a in enumerate(args):
@@ -150,3 +368,14 @@ def encode_bad_result(task_id: int, exc: BaseException, result: Any) -> bytes:
 def decode_bad_result(payload: bytes) -> errors.SerializationError:
     what, reason = loads(payload)
     return errors.SerializationError(what, reason + "; the worker is fine and was not restarted")
+
+
+def encode_init(init_call: tuple, arena: Any, keep: list) -> bytes:
+    """The K_INIT payload: shared arrays in initargs travel as descriptors, so every
+    replacement worker maps them instead of receiving their bytes again."""
+    try:
+        return encode(init_call, arena, keep)
+    except errors.FastPoolError:
+        raise
+    except Exception as exc:
+        raise errors.SerializationError("initargs", f"{type(exc).__name__}: {exc}") from exc

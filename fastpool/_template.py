@@ -86,7 +86,9 @@ class Template:
         code = f"from fastpool._template import serve; serve({child_end.fileno()})"
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", code],
+                # -P: the cwd is not put first on sys.path, so a source checkout in the
+                # cwd never shadows the installed package (it lacks the compiled core)
+                [sys.executable, "-P", "-c", code],
                 pass_fds=[child_end.fileno()],
                 stdin=subprocess.DEVNULL,
                 env=env,
@@ -201,10 +203,9 @@ def serve(fd: int) -> None:
         os.chdir(config["cwd"])
     except OSError:
         pass
-    parent = config["parent"]
-    _prctl_pdeathsig(signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(0)
+    # No PR_SET_PDEATHSIG here: the kernel ties it to the parent *thread* that
+    # started us, and a pool may be created from a short-lived thread.  EOF on
+    # the control socket is what tells us the parent process is gone.
     import numpy  # noqa: F401  (preloaded: every worker forks with it)
 
     from fastpool import _worker  # noqa: F401
@@ -294,6 +295,7 @@ def serve(fd: int) -> None:
 def _spawn(conn: socket.socket, msg: tuple, fds: list[int], owner: dict, close_in_child: list) -> None:
     _, req, slot, env = msg
     board_fd = fds[0]
+    arena_fd = fds[1] if len(fds) > 1 else -1  # the pool's shared-array arena
     old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
     try:
         pid = os.fork()
@@ -315,7 +317,7 @@ def _spawn(conn: socket.socket, msg: tuple, fds: list[int], owner: dict, close_i
                 os.environ.update(env)
                 from fastpool import _worker
 
-                code = _worker.main(board_fd, slot, env)
+                code = _worker.main(board_fd, slot, env, arena_fd)
             except BaseException:  # the child must never return into the template's loop
                 import traceback
 
@@ -327,6 +329,8 @@ def _spawn(conn: socket.socket, msg: tuple, fds: list[int], owner: dict, close_i
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     os.close(board_fd)
+    if arena_fd >= 0:
+        os.close(arena_fd)
     try:
         _send(conn, ("pid", req, pid), [pidfd])
     except OSError:

@@ -97,11 +97,16 @@ def _load_fn(fn_bytes: bytes) -> Any:
     return fn
 
 
-def main(board_fd: int, slot: int, env: dict) -> int:
+def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1) -> int:
     from fastpool._core import SLOT_READY, SLOT_STARTING, Board
 
     board = Board.attach(board_fd)
     os.close(board_fd)
+    if arena_fd >= 0:  # before K_INIT: initargs may hold shared arrays
+        from fastpool._arena import Arena
+
+        _codec.set_process_arena(Arena.attach(arena_fd, slot + 1))
+        os.close(arena_fd)
     pid = os.getpid()
     board.set_state(slot, SLOT_STARTING, pid)
     _CURRENT["board"], _CURRENT["slot"] = board, slot
@@ -125,7 +130,7 @@ def main(board_fd: int, slot: int, env: dict) -> int:
     board.set_state(slot, SLOT_READY)
     board.push_result(slot, R_READY, 0, pid, b"", 5.0)
 
-    dumps, loads, load_fn, encode_exception = _codec.dumps, _codec.loads, _load_fn, _codec.encode_exception
+    dumps, loads, load_fn, encode_exception = _codec.encode_result, _codec.loads, _load_fn, _codec.encode_exception
     perf = time.perf_counter_ns
     spin = SPIN_AFTER_TASK_S
     while True:
@@ -154,6 +159,7 @@ def main(board_fd: int, slot: int, env: dict) -> int:
         except BaseException as exc:  # noqa: BLE001 - SystemExit from a task is the task's error
             out = encode_exception(exc)
             rkind = R_ERR
+        args = kwargs = None  # drop this worker's views of the call's shared arrays before replying
         try:
             sent = board.push_result(slot, rkind, task_id, perf() - t0, out)
         except Exception as exc:  # noqa: BLE001 - e.g. a result over the ring limit

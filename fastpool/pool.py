@@ -975,7 +975,9 @@ class Pool(Executor):
                 self._counts["crashed"] += 1
                 if victim is not None:
                     exc = self._victim_error(slot, pid, exitcode, victim, cause, reason)
-                    outcome = self._retry_outcome(victim)
+                    # fastpool's own kills (timeout, hang, cancel, memory limit) are verdicts
+                    # on the task, not accidents: never retried
+                    outcome = self._retry_outcome(victim) if reason is None else "fail"
                     if outcome == "retry":
                         victim.attempts += 1
                         self._counts["retried"] += 1
@@ -1085,8 +1087,27 @@ class Pool(Executor):
         slot.mem, slot.cg, slot.oom_before, slot.baseline, slot.cg_text = None, None, None, None, None
         slot.retiring = False
         slot.req = next(_ids)  # unique across slots: the reply is matched by it
+        msg, fds = ("spawn", slot.req, slot.id, {}), [self._board.fileno(), self._arena.fileno()]
         with self._send_lock:
-            _template._send(self._conn, ("spawn", slot.req, slot.id, {}), [self._board.fileno(), self._arena.fileno()])
+            try:
+                _template._send(self._conn, msg, fds)
+            except OSError:  # the template died (its workers with it): start another
+                self._reconnect_template()
+                _template._send(self._conn, msg, fds)
+
+    def _reconnect_template(self) -> None:
+        """The template's connection closed: its workers are dead too (they die with it),
+        and their pidfds report it.  A new template serves the restarts."""
+        try:
+            self._sel.unregister(self._conn)
+        except (KeyError, ValueError):
+            pass
+        self._conn.close()
+        if self._stopping:
+            return
+        log.error("fastpool: the worker template exited; starting a new one")
+        self._conn = _template.template().connect()
+        self._sel.register(self._conn, selectors.EVENT_READ, ("conn", -1))
 
     def _schedule_restart_locked(self, slot: _Slot, cause: str, record: dict) -> None:
         slot.pid = None
@@ -1144,9 +1165,7 @@ class Pool(Executor):
         except OSError:
             msg, fds = None, []
         if msg is None:
-            if not self._stopping:
-                log.error("fastpool: the worker template exited; the pool cannot restart workers")
-            self._sel.unregister(self._conn)
+            self._reconnect_template()
             return
         if msg[0] == "pid":
             _, req, pid = msg
@@ -1309,7 +1328,7 @@ class Pool(Executor):
             return
         try:
             for slot in self._slots:
-                if slot.pid is not None and slot.state in ("ready", "starting"):
+                if slot.state in ("ready", "starting"):  # its pid may not have arrived yet
                     slot.kill_reason = ("stop", None, "")
                     if not self._board.push_task(slot.id, K_STOP, 0, b""):
                         self._kill(slot, ("stop", None, ""))

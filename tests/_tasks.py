@@ -8,6 +8,7 @@ this directory on ``sys.path`` and the workers inherit it.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -36,6 +37,10 @@ def pid() -> int:
 def sleep_then(x: Any, s: float) -> Any:
     time.sleep(s)
     return x
+
+
+def sigkill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def raise_value_error(msg: str) -> None:

@@ -7,6 +7,7 @@ no restart counted in stats().
 from __future__ import annotations
 
 import pickle
+import re
 import threading
 import time
 from pathlib import Path
@@ -206,7 +207,10 @@ def test_an_argument_over_the_ring_limit_fails_submit_with_advice_on_an_idle_poo
         pids = ready(pool)
         with pytest.raises(fastpool.SerializationError) as info:
             pool.submit(_tasks.identity, b"x" * 100_000)
-        assert "ring_bytes" in str(info.value)  # says how to get past the limit
+        message = str(info.value)
+        assert "ring_bytes" in message  # says how to get past the limit
+        for name in re.findall(r"\bpool\.(\w+)", message):  # and what it names exists
+            assert hasattr(pool, name), f"the advice names pool.{name}, which Pool lacks: {message}"
         assert pool.stats()["inflight"] == 0  # nothing half-submitted stays behind
         assert pool.stats()["queued"] == 0
         assert_unharmed(pool, pids)

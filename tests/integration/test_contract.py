@@ -173,7 +173,7 @@ def test_map_is_lazy_over_an_infinite_iterable(pool: fastpool.Pool) -> None:
             it = pool.map(_tasks.double, numbers())
             box["first"] = list(itertools.islice(it, 100))
             box["pulled"] = pulled
-            it.close()  # closing early cancels the chunks not yet run
+            del it  # dropped early: its chunks not yet run are cancelled
         except BaseException as exc:  # noqa: BLE001
             box["error"] = exc
         finally:
@@ -185,6 +185,17 @@ def test_map_is_lazy_over_an_infinite_iterable(pool: fastpool.Pool) -> None:
     assert box["first"] == [2 * i for i in range(100)]
     window = 2 * pool.workers + 2  # chunks in flight, plus the one refilled per result
     assert box["pulled"] <= (window + 1) * MAX_CHUNK
+
+
+def test_closing_a_map_early_cancels_the_chunks_not_yet_run(pool: fastpool.Pool) -> None:
+    before = pool.stats()
+    results = pool.map(_tasks.sleep_then, range(20), [0.3] * 20, chunksize=1)
+    assert next(results) == 0
+    results.close()  # a generator's close(), as Executor.map returns; the docstring promises it
+    pool.drain()
+    ran = pool.stats()["completed"] - before["completed"]
+    window = 2 * pool.workers + 2
+    assert ran <= window + 1, f"{ran} of 20 chunks ran after the map was closed"
 
 
 def test_map_over_several_iterables_stops_at_the_shortest(pool: fastpool.Pool) -> None:
@@ -226,3 +237,4 @@ def test_stats_count_submitted_completed_and_failed(pool: fastpool.Pool) -> None
     assert after["failed"] - before["failed"] == 1
     assert after["queued"] == 0 and after["inflight"] == 0
     assert after["closed"] is False
+
