@@ -1,0 +1,149 @@
+"""Nothing outlives a pool: not after shutdown, not after crashes, not after the parent dies."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import _faulty
+import fastpool
+from fastpool import _template
+
+pytestmark = pytest.mark.faults
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _fastpool_shm() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if "fastpool" in n or n.startswith(("fp_", "fp-", "psm_"))]
+
+
+def _template_children() -> set[int]:
+    pid = _template.template().pid
+    if pid is None:
+        return set()
+    try:
+        return {c.pid for c in psutil.Process(pid).children(recursive=True)
+                if c.status() != psutil.STATUS_ZOMBIE}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def test_fifty_create_use_close_cycles_leave_nothing():
+    with fastpool.Pool(1) as p:  # the template exists before the baseline
+        p.submit(_faulty.double, 1).result(timeout=30)
+    fds, shm = _fds(), _fastpool_shm()
+    for i in range(50):
+        with fastpool.Pool(2) as p:
+            arr = p.zeros(1000)
+            assert p.submit(_faulty.double, i).result(timeout=30) == 2 * i
+            assert list(p.map(_faulty.double, range(5))) == [0, 2, 4, 6, 8]
+            del arr
+    end = time.monotonic() + 10
+    while time.monotonic() < end and _template_children():
+        time.sleep(0.05)
+    assert _template_children() == set()  # no worker left
+    assert _fds() == fds  # no fd left: boards, arenas, pidfds, sockets, pipes
+    assert _fastpool_shm() == shm  # memfd: never a name in /dev/shm
+
+
+def test_crashed_workers_leave_nothing_after_shutdown():
+    fds = _fds()
+    with fastpool.Pool(2, backoff_base_s=0.01) as p:
+        for die in (_faulty.sigkill_self, _faulty.segfault, _faulty.hard_exit):
+            with pytest.raises(fastpool.WorkerCrashed):
+                p.submit(die).result(timeout=30)
+        assert p.submit(_faulty.double, 2).result(timeout=30) == 4
+    end = time.monotonic() + 10
+    while time.monotonic() < end and _template_children():
+        time.sleep(0.05)
+    assert _template_children() == set()
+    assert _fds() == fds
+
+
+_PARENT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import fastpool, _faulty
+    from fastpool import _template
+    if __name__ == "__main__":
+        p = fastpool.Pool(2)
+        keep = p.zeros(10**6)
+        futs = [p.submit(_faulty.sleep_then, i, 60) for i in range(4)]
+        time.sleep(0.5)
+        print(_template.template().pid, *p.pids(), flush=True)
+        time.sleep(120)
+""")
+
+
+@pytest.mark.linux
+def test_parent_sigkilled_mid_work_leaves_no_process_and_no_segment(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT.format(tests=TESTS_DIR))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        pids = [int(x) for x in line.split()]
+        assert len(pids) == 3, line  # the template and two busy workers
+        assert all(psutil.pid_exists(p) for p in pids)
+        shm = _fastpool_shm()
+        proc.kill()  # SIGKILL: no atexit, no finally, nothing runs in the parent
+        proc.wait(10)
+        end = time.monotonic() + 10
+        alive = pids
+        while time.monotonic() < end and alive:
+            alive = [p for p in alive if psutil.pid_exists(p)
+                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            time.sleep(0.05)
+        assert alive == []  # template and workers are gone: reclaimed without a reaper
+        assert _fastpool_shm() == shm
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+_CTRL_C = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import fastpool, _faulty
+    if __name__ == "__main__":
+        with fastpool.Pool(1) as p:
+            fut = p.submit(_faulty.sleep_then, 1, 60)
+            print("waiting", flush=True)
+            try:
+                fut.result()
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+                p.shutdown(wait=False, cancel_futures=True)
+                p.cancel(fut, force=True)
+""")
+
+
+@pytest.mark.linux
+def test_ctrl_c_interrupts_a_parent_waiting_on_a_result(tmp_path):
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(_CTRL_C.format(tests=TESTS_DIR))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == "interrupted"
+        assert time.monotonic() - t0 < 5  # seen within a wait slice, not after the task
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
