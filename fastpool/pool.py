@@ -1126,29 +1126,34 @@ class Pool(Executor):
             pass
 
     def _supervise(self) -> None:
-        try:
-            while not self._stopping:
-                timeout = self._next_timeout()
-                for key, _ in self._sel.select(timeout):
-                    what, sid = key.data
-                    if what == "conn":
-                        self._read_template()
-                    elif what == "wake":
-                        try:
-                            while os.read(self._wake_r, 4096):
-                                pass
-                        except (BlockingIOError, OSError):
-                            pass
-                    elif what == "pidfd":
-                        self._on_pidfd(sid, key.fileobj)  # type: ignore[arg-type]
-                self._run_timers()
-                self._check_liveness()
-                if time.monotonic() >= self._next_memory_tick:
-                    self._next_memory_tick = time.monotonic() + self._memory_interval_s
-                    self._check_memory()
-        except Exception:  # noqa: BLE001
-            if not self._stopping:
-                log.exception("fastpool supervisor failed")
+        while not self._stopping:
+            try:
+                self._supervise_once()
+            except Exception:  # noqa: BLE001 - the supervisor must outlive any one failure
+                if self._stopping:
+                    return
+                log.exception("fastpool supervisor: an iteration failed; going on")
+                time.sleep(0.01)
+
+    def _supervise_once(self) -> None:
+        timeout = self._next_timeout()
+        for key, _ in self._sel.select(timeout):
+            what, sid = key.data
+            if what == "conn":
+                self._read_template()
+            elif what == "wake":
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+            elif what == "pidfd":
+                self._on_pidfd(sid, key.fileobj)  # type: ignore[arg-type]
+        self._run_timers()
+        self._check_liveness()
+        if time.monotonic() >= self._next_memory_tick:
+            self._next_memory_tick = time.monotonic() + self._memory_interval_s
+            self._check_memory()
 
     def _next_timeout(self) -> float:
         t = 0.1 if (self._task_timeout or self._hang_timeout) else 0.5
@@ -1357,9 +1362,17 @@ class Pool(Executor):
             self._board.kick()
             if threading.current_thread() is not self._collector:
                 self._collector.join(5)
-            with self._drive_lock:
-                self._board.close()
-            self._arena.close()
+            others = [t for t in (self._collector, self._supervisor)
+                      if t.is_alive() and t is not threading.current_thread()]
+            if others:
+                # A thread that still runs may be inside a wait on the board: unmapping
+                # under it would crash the process.  Leave the mappings to process exit.
+                log.error("fastpool: %s did not stop; the pool's shared memory stays mapped",
+                          ", ".join(t.name for t in others))
+            else:
+                with self._drive_lock:
+                    self._board.close()
+                self._arena.close()
             self._sel.close()
             self._conn.close()
             for fd in (self._wake_r, self._wake_w):

@@ -20,6 +20,13 @@ pytestmark = pytest.mark.faults
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -102,8 +109,7 @@ def test_parent_sigkilled_mid_work_leaves_no_process_and_no_segment(tmp_path):
         end = time.monotonic() + 10
         alive = pids
         while time.monotonic() < end and alive:
-            alive = [p for p in alive if psutil.pid_exists(p)
-                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            alive = [p for p in alive if _running(p)]
             time.sleep(0.05)
         assert alive == []  # template and workers are gone: reclaimed without a reaper
         assert _fastpool_shm() == shm
@@ -111,6 +117,7 @@ def test_parent_sigkilled_mid_work_leaves_no_process_and_no_segment(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
 
 
 _CTRL_C = textwrap.dedent("""
@@ -147,3 +154,4 @@ def test_ctrl_c_interrupts_a_parent_waiting_on_a_result(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()

@@ -58,8 +58,18 @@ def test_sigkill_from_outside_names_the_signal(pool):
     assert pool.submit(_faulty.double, 4).result(timeout=30) == 8
 
 
+def _all_ready(pool, n, timeout=20):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if sum(bool(w["state"] == "ready" and w["pid"]) for w in pool.stats()["workers"]) == n:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"workers not ready: {pool.stats()['workers']}")
+
+
 def test_worker_killed_while_idle_is_replaced_without_changing_capacity(pool):
     assert pool.submit(_faulty.double, 1).result(timeout=30) == 2
+    _all_ready(pool, 2)
     before = pool.pids()
     assert len(before) == 2
     os.kill(before[0], signal.SIGKILL)

@@ -44,3 +44,33 @@ def test_killed_template_is_replaced_and_the_pool_goes_on():
             running.result(timeout=30)
         assert [p.submit(_faulty.double, i).result(timeout=30) for i in range(4)] == [0, 2, 4, 6]
         assert _template.template().pid not in (None, old)
+
+
+_START = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import fastpool, _faulty
+from fastpool import _template
+if __name__ == "__main__":
+    r, w = os.pipe()  # opened before the template: it must not keep w open
+    with fastpool.Pool(2) as p:
+        assert sorted(p.map(_faulty.double, range(10))) == [2 * i for i in range(10)]
+        tpid = _template.template().pid
+        os.close(w)
+        assert os.read(r, 1) == b"", "the template holds the parent's pipe open"
+        kind = type(_template.template()._proc).__name__
+    print(kind, tpid != os.getpid(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("method, proc_type", [("", "_ForkedProcess"), ("spawn", "Popen")])
+def test_template_start_methods(tmp_path, method, proc_type):
+    import subprocess
+    import sys
+
+    script = tmp_path / "start.py"
+    script.write_text(_START.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    env = dict(os.environ, FASTPOOL_TEMPLATE_START=method)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [proc_type, "True"]
