@@ -13,7 +13,8 @@ setup(
             "fastpool._core",
             sources=["fastpool/_core.pyx"],  # csrc is header-only
             include_dirs=["csrc", numpy.get_include()],
-            depends=[os.path.join("csrc", f) for f in sorted(os.listdir("csrc")) if f.endswith(".h")],
+            depends=[os.path.join("csrc", f) for f in sorted(os.listdir("csrc")) if f.endswith(".h")]
+            + ["fastpool/_sys.pxd"],
             extra_compile_args=CFLAGS,
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         ),
@@ -21,7 +22,7 @@ setup(
             "fastpool._arena",
             sources=["fastpool/_arena.pyx"],  # csrc/fp_arena.h, header-only
             include_dirs=["csrc", numpy.get_include()],
-            depends=["csrc/fp_arena.h", "csrc/fp_atomic.h", "csrc/fp_status.h"],
+            depends=["csrc/fp_arena.h", "csrc/fp_atomic.h", "csrc/fp_status.h", "fastpool/_sys.pxd"],
             extra_compile_args=CFLAGS,
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         ),

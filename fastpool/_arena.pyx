@@ -25,32 +25,11 @@ from cpython.ref cimport PyObject
 
 from fastpool import errors
 
-cdef extern from "<sys/mman.h>" nogil:
-    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
-    int munmap(void *addr, size_t length)
-    int madvise(void *addr, size_t length, int advice)
-    int PROT_READ, PROT_WRITE, MAP_SHARED, MAP_NORESERVE
-    void *MAP_FAILED
-
-cdef extern from "<fcntl.h>" nogil:
-    int fallocate(int fd, int mode, long offset, long length)
-    int FALLOC_FL_PUNCH_HOLE, FALLOC_FL_KEEP_SIZE
-
-cdef extern from "<unistd.h>" nogil:
-    int ftruncate(int fd, long length)
-    int close(int fd)
-    long pread(int fd, void *buf, size_t count, long offset)
-
-cdef extern from "<errno.h>":
-    int errno
-    int EINVAL
-
-cdef extern from "fp_status.h":
-    int FP_OK, FP_CORRUPT
-
-cdef extern from "fp_atomic.h" nogil:
-    ctypedef uint64_t fp_a64
-    uint64_t fp_load64_acquire(fp_a64 *p)
+from fastpool._sys cimport (
+    EINVAL, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FP_CORRUPT, FP_OK, MAP_FAILED, MAP_NORESERVE,
+    MAP_SHARED, PROT_READ, PROT_WRITE, close, errno, fallocate, fp_a64, fp_load64_acquire, ftruncate,
+    madvise, mmap, munmap, pread,
+)
 
 cdef extern from "fp_arena.h" nogil:
     int FP_NOSPACE, FP_STALE
