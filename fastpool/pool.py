@@ -344,7 +344,7 @@ class Pool(Executor):
 
     @property
     def workers(self) -> int:
-        """The number of worker slots."""
+        """The number of worker slots (fixed for the pool's life).  Thread-safe."""
         return self._n
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
@@ -368,7 +368,7 @@ class Pool(Executor):
         return _arena.new_array(self._arena, shape, dtype, order)
 
     def zeros(self, shape: Any, dtype: Any = float, order: str = "C") -> Any:
-        """Like ``empty``, filled with zeros.  Thread-safe."""
+        """Like ``empty``, filled with zeros; fails like ``empty``.  Thread-safe."""
         self._arrays_open()
         return _arena.new_array(self._arena, shape, dtype, order, True)
 
@@ -392,7 +392,8 @@ class Pool(Executor):
         if it kills a second one it fails with ``PoisonTask``.  ``timeout``: run time
         limit (``TaskTimeout``).  ``fallback="inline"``: run in the calling process
         when the pool cannot serve (every breaker open).  Options travel beside the
-        call, so they never collide with the function's own keyword arguments."""
+        call, so they never collide with the function's own keyword arguments.
+        Raises ValueError for bad options.  Thread-safe; the view may be shared."""
         return PoolOptions(self, _policy.TaskOptions(pure=pure, timeout=timeout, fallback=fallback))
 
     def cancel(self, future: Future, *, force: bool = False) -> bool:
@@ -608,8 +609,10 @@ class Pool(Executor):
 
         ``cancel_futures=True`` cancels tasks not yet handed to a worker.  With
         ``wait=True`` this returns after every accepted task settled and every worker
-        exited; with ``wait=False`` the teardown happens in the background.
-        Idempotent and thread-safe."""
+        exited; with ``wait=False`` the teardown happens in the background.  Tasks
+        still unsettled when the pool is torn down fail with ``BrokenPool``; a worker
+        that ignores the stop request is SIGKILLed after 2 s.  Never raises for a pool
+        already shut down.  Idempotent and thread-safe."""
         with self._lock:
             self._closed = True
             if cancel_futures:
@@ -635,7 +638,9 @@ class Pool(Executor):
         self.shutdown(wait=True)
 
     def pids(self) -> list[int]:
-        """The pids of the live workers right now (for tests and monitoring)."""
+        """The pids of the live workers right now (for tests and monitoring).
+
+        A snapshot: a worker may die or be replaced the moment after.  Thread-safe."""
         return [s.pid for s in self._slots if s.pid is not None and s.state in ("starting", "ready")]
 
     def stats(self) -> dict[str, Any]:
