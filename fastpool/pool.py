@@ -207,7 +207,8 @@ class Pool(Executor):
     - ``task_timeout``: default per-task run time limit in seconds; a task over it
       fails with ``TaskTimeout`` and its worker is killed and replaced.
     - ``hang_timeout``: seconds without a heartbeat after which a busy worker is
-      declared hung (``WorkerHung``) and replaced; default 10 s.
+      declared hung (``WorkerHung``) and replaced; default 60 s, because a C routine that
+      holds the GIL (and so stops the heartbeat) can legitimately run for many seconds.
 
     Thread safety: ``submit``, ``map``, ``imap_unordered``, ``stats`` and
     ``shutdown`` may be called from any number of threads at once.
@@ -223,7 +224,7 @@ class Pool(Executor):
         on_full: str = "block",
         queue_timeout: float | None = None,
         task_timeout: float | None = None,
-        hang_timeout: float | None = 10.0,
+        hang_timeout: float | None = 60.0,
         ring_bytes: int = DEFAULT_RING_BYTES,
         backoff_base_s: float = 0.25,
         backoff_cap_s: float = 30.0,
