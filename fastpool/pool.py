@@ -858,8 +858,10 @@ class Pool(Executor):
                 else:
                     try:
                         slot.assigned.remove(tid)
-                    except ValueError:
-                        pass
+                    except ValueError:  # not this slot's task: no capacity to return
+                        self._counts["unknown_replies"] += 1
+                        inflight.pop(tid, None)
+                        continue
                 if not slot.answered:
                     slot.answered = True
                     slot.breaker.on_success()  # first reply, not spawn: see _policy
