@@ -31,7 +31,7 @@
 #include "fp_status.h"
 
 #define FP_ARENA_MAGIC 0x414e455241504646ULL /* "FFPARENA" */
-#define FP_ARENA_VERSION 1u
+#define FP_ARENA_VERSION 2u
 #define FP_BLOCK_MAGIC 0x4b434f4c42504646ULL /* "FFPBLOCK" */
 #define FP_ARENA_PAGE 4096u
 #define FP_ARENA_MAX_PROCS 1024u
@@ -50,7 +50,8 @@ typedef struct {
     uint64_t regions_offset;
     char _pad0[8];
     fp_a64 committed;    /* bytes of block space ever bumped, all regions */
-    char _pad1[56];
+    fp_a64 gen_seq;      /* arena-wide: a generation is never reused at any offset */
+    char _pad1[48];
     /* fp_a64 top[nprocs] follows at offset 128 */
 } fp_arena_t;
 static_assert(sizeof(fp_arena_t) == 128, "arena header is 128 bytes");
@@ -99,6 +100,8 @@ static inline fp_block_t *fp_arena_block(fp_arena_t *a, uint64_t off)
 
 static inline fp_a32 *fp_block_counts(fp_block_t *b) { return (fp_a32 *)((unsigned char *)b + sizeof(fp_block_t)); }
 
+static inline uint64_t fp_arena_next_gen(fp_arena_t *a) { return fp_add64_seqcst(&a->gen_seq, 1) + 1; }
+
 static inline int fp_block_free(fp_block_t *b, uint32_t nprocs)
 {
     fp_a32 *c = fp_block_counts(b);
@@ -144,6 +147,8 @@ static inline int fp_arena_alloc(fp_arena_t *a, uint32_t p, uint64_t nbytes, uin
 {
     uint32_t n = a->nprocs;
     uint64_t hdr = fp_arena_hdr_size(n);
+    if (nbytes > a->region_size) /* before the arithmetic: hdr + nbytes could wrap */
+        return FP_NOSPACE;
     uint64_t need = fp_arena_align(hdr + (nbytes ? nbytes : 1), FP_ARENA_PAGE);
     uint64_t base = fp_arena_region(a, p);
     fp_a64 *top = fp_arena_top(a, p);
@@ -166,18 +171,26 @@ static inline int fp_arena_alloc(fp_arena_t *a, uint32_t p, uint64_t nbytes, uin
                 s += cs;
                 nx += cs;
                 fp_store64_release(&b->size, s);
+                c->magic = 0; /* absorbed: a stale descriptor for it is no longer valid */
             }
             if (s >= need) {
+                /* Claim before use: a new generation first, then the counts again.  A
+                 * racing fp_arena_ref (count++, then gen) either sees the new generation
+                 * and backs off, or is seen here, and the block is skipped. */
+                fp_store64_seqcst(&b->gen, fp_arena_next_gen(a));
+                if (!fp_block_free(b, n)) {
+                    off += s;
+                    continue;
+                }
                 if (s - need >= FP_ARENA_MIN_SPLIT) {
                     fp_block_t *t = fp_arena_block(a, off + need); /* the tail first, then shrink */
-                    t->magic = FP_BLOCK_MAGIC;
-                    t->owner = p;
                     memset((void *)fp_block_counts(t), 0, 4ull * n);
-                    fp_store64_release(&t->gen, fp_load64_acquire(&b->gen) + 1);
+                    t->owner = p;
+                    fp_store64_release(&t->gen, fp_arena_next_gen(a));
                     fp_store64_release(&t->size, s - need);
+                    t->magic = FP_BLOCK_MAGIC;
                     fp_store64_release(&b->size, need);
                 }
-                fp_add64_relaxed(&b->gen, 1);
                 fp_add32_seqcst(&fp_block_counts(b)[p], 1);
                 *out_off = off;
                 return FP_OK;
@@ -196,7 +209,7 @@ static inline int fp_arena_alloc(fp_arena_t *a, uint32_t p, uint64_t nbytes, uin
     b->magic = FP_BLOCK_MAGIC;
     b->owner = p;
     memset((void *)fp_block_counts(b), 0, 4ull * n);
-    fp_store64_release(&b->gen, 1);
+    fp_store64_release(&b->gen, fp_arena_next_gen(a));
     fp_store64_release(&b->size, need);
     fp_store32_release(&fp_block_counts(b)[p], 1);
     fp_store64_release(top, used + need); /* last: publishes the block */
@@ -232,7 +245,7 @@ static inline int fp_arena_ref(fp_arena_t *a, uint32_t p, uint64_t off, uint64_t
         return FP_CORRUPT;
     fp_block_t *b = fp_arena_block(a, off);
     fp_add32_seqcst(&fp_block_counts(b)[p], 1);
-    if (fp_load64_acquire(&b->gen) != gen) {
+    if (fp_load64_seqcst(&b->gen) != gen) { /* seq_cst: pairs with the claim in fp_arena_alloc */
         fp_sub32_seqcst(&fp_block_counts(b)[p], 1);
         return FP_STALE;
     }

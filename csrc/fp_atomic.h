@@ -34,6 +34,9 @@ static inline uint64_t fp_load64_relaxed(fp_a64 *p) { return atomic_load_explici
 static inline void fp_store64_release(fp_a64 *p, uint64_t v) { atomic_store_explicit(p, v, memory_order_release); }
 static inline void fp_store64_relaxed(fp_a64 *p, uint64_t v) { atomic_store_explicit(p, v, memory_order_relaxed); }
 static inline uint64_t fp_add64_relaxed(fp_a64 *p, uint64_t v) { return atomic_fetch_add_explicit(p, v, memory_order_relaxed); }
+static inline uint64_t fp_add64_seqcst(fp_a64 *p, uint64_t v) { return atomic_fetch_add_explicit(p, v, memory_order_seq_cst); }
+static inline uint64_t fp_load64_seqcst(fp_a64 *p) { return atomic_load_explicit(p, memory_order_seq_cst); }
+static inline void fp_store64_seqcst(fp_a64 *p, uint64_t v) { atomic_store_explicit(p, v, memory_order_seq_cst); }
 
 /* Orders a preceding store before a following load (Dekker): the
  * publish-then-check-waiters half of the eventcount needs it. */

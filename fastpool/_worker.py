@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from fastpool import _codec
+from fastpool import _codec, errors
 from fastpool._codec import K_CALL, K_INIT, K_STOP, R_BAD_RESULT, R_ERR, R_INIT_FAILED, R_OK, R_READY
 
 HEARTBEAT_INTERVAL_S = 0.05
@@ -152,6 +152,9 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1) -> int:
             try:
                 out = dumps(result)
                 rkind = R_OK
+            except errors.SharedMemoryError as exc:  # the arena is full: say so, as itself
+                out = encode_exception(exc)
+                rkind = R_ERR
             except Exception as exc:  # noqa: BLE001 - an unpicklable result fails only its future
                 out = _codec.encode_bad_result(task_id, exc, result)
                 rkind = R_BAD_RESULT

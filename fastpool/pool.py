@@ -61,13 +61,13 @@ DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched 
 PARENT_SPIN_S = float(os.environ.get("FASTPOOL_PARENT_SPIN_US", "80")) * 1e-6
 PARK_SLICE_S = 0.05  # every wait returns this often, so Ctrl-C and deadlines are seen
 COLLECTOR_GRACE_S = 0.002  # the collector stays away this long after a caller drove
+VERDICTS = ("timeout", "cancelled", "memory", "hung")  # fastpool's own kills, for a task's sake
 MAX_PREFETCH = 16
 STOP_GRACE_S = 2.0
 EXIT_STATUS_WAIT_S = 1.0
 
 _ids = itertools.count(1)
 _live_pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
-_tls = threading.local()
 
 
 def _shutdown_all_at_exit() -> None:
@@ -140,7 +140,7 @@ class _Slot:
     __slots__ = ("id", "state", "pid", "pidfd", "assigned", "breaker", "spawned_at", "ready_at",
                  "answered", "served", "kill_reason", "req", "cur_seen", "cur_since", "hb_seen",
                  "hb_since", "init_error", "restart_at", "mem", "cg", "cg_at", "oom_before",
-                 "retiring", "baseline", "cg_text")
+                 "retiring", "baseline", "cg_text", "via")
 
     def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
         self.id = sid
@@ -165,6 +165,7 @@ class _Slot:
         self.cg: dict | None = None  # the worker's own memory cgroup, tracked while it lives
         self.cg_at = 0.0
         self.cg_text: str | None = None
+        self.via: Any = None  # the template connection that forked this slot's worker
         self.oom_before: int | None = None
         self.retiring = False
         self.baseline: int | None = None
@@ -297,6 +298,7 @@ class Pool(Executor):
         self._depth = 1
         self._ewma_run_ns = 1e6
         self._fg_waiting = 0
+        self._driver: int | None = None  # the thread that holds the drive lock now
         self._last_fg = 0.0
 
         self._counts = dict(submitted=0, completed=0, failed=0, crashed=0, restarts=0,
@@ -314,27 +316,36 @@ class Pool(Executor):
         ]
         self._board = Board.create(workers, ring_bytes)
         self._arena_keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
-        try:
-            self._arena = _arena.Arena.create(workers, arena_bytes or _arena.default_budget())
-            self._init_payload = _codec.encode_init(init_call, self._arena, self._arena_keep)
-            self._conn = _template.template().connect()
-        except BaseException:
-            self._board.close()
-            if hasattr(self, "_arena"):
-                self._arena.close()
-            raise
         self._send_lock = threading.Lock()
         self._timers: list[tuple[float, int, str, int]] = []  # (when, seq, what, slot)
         self._timer_seq = itertools.count()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self._conn, selectors.EVENT_READ, ("conn", -1))
-        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
         self._pending_exit: dict[int, int] = {}
         self._sup_lock = threading.Lock()  # timers and spawn requests
-
-        for slot in self._slots:
-            self._spawn(slot, now)
+        opened: list[Any] = [self._board]
+        try:
+            self._arena = _arena.Arena.create(workers, arena_bytes or _arena.default_budget())
+            opened.append(self._arena)
+            self._init_payload = _codec.encode_init(init_call, self._arena, self._arena_keep)
+            if len(self._init_payload) > self._board.max_record:
+                raise errors.SerializationError(
+                    "initializer and initargs",
+                    f"their pickle is {len(self._init_payload)} bytes, over the ring limit of "
+                    f"{self._board.max_record} bytes; pass large data as arrays (they travel by "
+                    "descriptor through shared memory) or raise Pool(ring_bytes=...)")
+            self._conn = _template.template().connect()
+            opened.append(self._conn)
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            opened += [_FdCloser(self._wake_r), _FdCloser(self._wake_w)]
+            self._sel = selectors.DefaultSelector()
+            opened.append(self._sel)
+            self._sel.register(self._conn, selectors.EVENT_READ, ("conn", -1))
+            self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
+            for slot in self._slots:
+                self._spawn(slot, now)
+        except BaseException:
+            for thing in reversed(opened):  # the connection's close also ends any worker started
+                thing.close()
+            raise
         self._supervisor = threading.Thread(target=self._supervise, name="fastpool-supervisor", daemon=True)
         self._collector = threading.Thread(target=self._collect_loop, name="fastpool-collector", daemon=True)
         self._supervisor.start()
@@ -468,7 +479,7 @@ class Pool(Executor):
                 if self._closed:
                     raise errors.PoolClosed()
                 self._check_circuit_locked()
-                if len(self._queue) < self._max_queue or getattr(_tls, "driving", False):
+                if len(self._queue) < self._max_queue or self._driver == threading.get_ident():
                     break  # a callback on the driving thread never blocks: it would wait on itself
                 if self._on_full == "reject":
                     raise errors.QueueFull(self._max_queue)
@@ -620,6 +631,10 @@ class Pool(Executor):
                 self._cancel_queued_locked()
             self._space.notify_all()
         self._board.kick()
+        if wait and self._driver == threading.get_ident():
+            # Called from a done-callback on the thread that consumes results: waiting
+            # here would wait on ourselves.  The collector finishes the teardown.
+            wait = False
         if wait:
             self._drive(lambda: not self._inflight or self._stopping, None)
             self._teardown()
@@ -740,7 +755,7 @@ class Pool(Executor):
     def _drive(self, pred: Callable[[], bool], timeout: float | None) -> bool:
         """Consumes results on this thread until pred() or timeout.  Returns pred()."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        if getattr(_tls, "driving", False):
+        if self._driver == threading.get_ident():
             return self._drive_held(pred, deadline)  # re-entered from a callback
         board = self._board
         board.want(1)  # keeps the collector thread off the rings while we drive
@@ -750,11 +765,11 @@ class Pool(Executor):
                 if left is not None and left <= 0:
                     return False
                 if self._drive_lock.acquire(timeout=min(left, 0.001) if left is not None else 0.001):
-                    _tls.driving = True
+                    self._driver = threading.get_ident()
                     try:
                         return self._drive_held(pred, deadline)
                     finally:
-                        _tls.driving = False
+                        self._driver = None
                         self._drive_lock.release()
                 # Another thread drives; it notifies _progress after each batch.
                 with self._progress:
@@ -822,14 +837,14 @@ class Pool(Executor):
                 self._handoff.wait(COLLECTOR_GRACE_S)
                 self._handoff.clear()
                 continue
-            _tls.driving = True
+            self._driver = threading.get_ident()
             try:
                 n = self._collect()
             except Exception:  # noqa: BLE001 - the collector must not die silently
                 log.exception("fastpool collector failed")
                 n = 0
             finally:
-                _tls.driving = False
+                self._driver = None
                 self._drive_lock.release()
             if n == 0 and not board.wanted():
                 board.wait_results(PARK_SLICE_S, 0.0)
@@ -971,6 +986,12 @@ class Pool(Executor):
                         self._dispatch_locked()
                     continue
                 cause = reason[0] if reason else ("init" if slot.init_error or slot.state == "starting" else "died")
+                if reason is not None and reason[1] is not None and victim is not None and victim.id != reason[1]:
+                    # The kill was aimed at a task that finished just before it landed; the
+                    # task that had started meanwhile is collateral, not the culprit.
+                    reason = (reason[0], reason[1], f"killed by fastpool to stop task {reason[1]} "
+                              f"({reason[0]}), which finished just before; this task had just started")
+                    cause = "collateral"
                 evidence = ""
                 if exitcode == -signal.SIGKILL and reason is None:
                     confirmed, evidence = self._oom_evidence(slot)
@@ -985,7 +1006,7 @@ class Pool(Executor):
                     exc = self._victim_error(slot, pid, exitcode, victim, cause, reason)
                     # fastpool's own kills (timeout, hang, cancel, memory limit) are verdicts
                     # on the task, not accidents: never retried
-                    outcome = self._retry_outcome(victim) if reason is None else "fail"
+                    outcome = self._retry_outcome(victim) if reason is None or cause == "collateral" else "fail"
                     if outcome == "retry":
                         victim.attempts += 1
                         self._counts["retried"] += 1
@@ -997,7 +1018,14 @@ class Pool(Executor):
                         failed.append((victim, exc))
                         record["task_outcome"] = outcome
                 log.error("fastpool: worker crashed: %s", record)
-                self._schedule_restart_locked(slot, cause, record)
+                if (cause in VERDICTS and victim is not None) or cause == "collateral":
+                    # The worker was healthy; fastpool stopped it for its task.  Counting this
+                    # as a slot failure would open the breaker on six slow tasks in a row.
+                    slot.pid = None
+                    slot.state = "backing_off"
+                    self._add_timer(time.monotonic(), "respawn", slot.id)
+                else:
+                    self._schedule_restart_locked(slot, cause, record)
                 self._dispatch_locked()
                 if all(s.state == "open" for s in self._slots):
                     self._fail_queue_circuit_locked(failed)
@@ -1038,6 +1066,8 @@ class Pool(Executor):
     def _victim_error(self, slot: _Slot, pid: int, exitcode: int | None, task: _Task, cause: str,
                       reason: tuple | None) -> BaseException:
         detail = reason[2] if reason else ""
+        if cause == "collateral":
+            return errors.WorkerCrashed(slot.id, pid, exitcode, task.id, detail)
         if cause == "timeout":
             return errors.TaskTimeout(task.id, float(detail or 0), slot.id)
         if cause == "cancelled":
@@ -1102,6 +1132,7 @@ class Pool(Executor):
             except OSError:  # the template died (its workers with it): start another
                 self._reconnect_template()
                 _template._send(self._conn, msg, fds)
+            slot.via = self._conn
 
     def _reconnect_template(self) -> None:
         """The template's connection closed: its workers are dead too (they die with it),
@@ -1203,12 +1234,16 @@ class Pool(Executor):
         slot = self._slots[sid]
         pid = slot.pid
         deadline = time.monotonic() + EXIT_STATUS_WAIT_S
-        while pid not in self._pending_exit and time.monotonic() < deadline:
+        # Only the template that forked the worker can report its status; once that
+        # connection is gone (the template died, and its workers with it) stop waiting.
+        while pid not in self._pending_exit and time.monotonic() < deadline and slot.via is self._conn:
             ready = select_read(self._conn, deadline - time.monotonic())
             if not ready:
                 break
             self._read_template()
         exitcode = self._pending_exit.pop(pid, None) if pid is not None else None
+        if exitcode is None and slot.via is not self._conn:
+            exitcode = -signal.SIGKILL  # PR_SET_PDEATHSIG: it died with its template
         os.close(pidfd)
         if slot.pidfd == pidfd:
             slot.pidfd = None
@@ -1223,6 +1258,13 @@ class Pool(Executor):
             while self._timers and self._timers[0][0] <= now:
                 due.append(heapq.heappop(self._timers))
         for _, _, what, sid in due:
+            if what == "respawn" and not self._stopping:  # after a verdict: no breaker
+                with self._lock:
+                    slot = self._slots[sid]
+                    if slot.state == "backing_off" and slot.pid is None:
+                        self._counts["restarts"] += 1
+                        self._spawn(slot, now)
+                continue
             if what == "restart" and not self._stopping:
                 with self._lock:
                     slot = self._slots[sid]
@@ -1442,6 +1484,14 @@ class PoolOptions:
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         """``Pool.submit`` with these options.  Thread-safe."""
         return self._pool._submit(fn, args, kwargs, self._options)
+
+
+class _FdCloser:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def _cgroup_limit(cg: dict | None) -> int | None:

@@ -40,7 +40,7 @@ SANITIZER_ENV = {
 
 # Files whose claims rest on futex semantics or cross-process shared memory;
 # the non-Linux fallback in fp_futex.h only sleeps briefly, so timing claims fail.
-LINUX_SOURCES = {"test_futex.c", "test_board.c", "test_ring_procs.c"}
+LINUX_SOURCES = {"test_futex.c", "test_board.c", "test_ring_procs.c", "test_arena.c"}
 
 GCC = shutil.which("gcc")
 TEST_RE = re.compile(r"^TEST\((\w+)\)", re.MULTILINE)

@@ -1,0 +1,1022 @@
+/* Claims about fp_arena.h: init/check, the bump allocator of each region, the
+ * reuse, split and merge of free blocks, generation numbers against stale
+ * descriptors, per-process reference counts, reclaim of a dead process's
+ * references, and two cross-process runs on a MAP_SHARED arena: children
+ * taking and dropping references on the same blocks, and a child SIGKILLed
+ * while allocating in its own region, after which the parent reclaims it and
+ * the chains are whole.
+ *
+ * Four tests pin defects found in review and fixed since: a merged-away block
+ * that still took references, generations repeating at an offset, a size that
+ * wrapped around, and a reference racing a reuse (now claimed gen-first). */
+#include <signal.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "fp_arena.h"
+
+#define MS 1000000LL
+#define PAGE FP_ARENA_PAGE
+#define NPROCS 4u
+#define REGION (1024u * 1024u)
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void sleep_ns(int64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* A zero-filled shared mapping, as the memfd gives the pool. */
+static fp_arena_t *arena_map(uint32_t nprocs, uint64_t region, uint64_t *size)
+{
+    *size = fp_arena_size(nprocs, region);
+    void *p = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED);
+    return p;
+}
+
+static fp_arena_t *arena_new(uint32_t nprocs, uint64_t region, uint64_t budget, uint64_t *size)
+{
+    fp_arena_t *a = arena_map(nprocs, region, size);
+    CHECK_EQ(fp_arena_init(a, nprocs, region, budget, 0x1234abcdull), FP_OK);
+    CHECK_EQ(fp_arena_check(a, *size), FP_OK);
+    return a;
+}
+
+static uint64_t hdr(fp_arena_t *a) { return fp_arena_hdr_size(a->nprocs); }
+static uint64_t need_of(fp_arena_t *a, uint64_t nbytes) { return fp_arena_align(hdr(a) + (nbytes ? nbytes : 1), PAGE); }
+static uint64_t top_of(fp_arena_t *a, uint32_t p) { return fp_load64_acquire(fp_arena_top(a, p)); }
+static uint64_t size_of(fp_arena_t *a, uint64_t off) { return fp_load64_acquire(&fp_arena_block(a, off)->size); }
+static uint64_t gen_of(fp_arena_t *a, uint64_t off) { return fp_load64_acquire(&fp_arena_block(a, off)->gen); }
+static unsigned char *data_of(fp_arena_t *a, uint64_t off) { return (unsigned char *)a + off + hdr(a); }
+
+/* alloc that must succeed; returns the offset, and checks the fresh range. */
+static uint64_t must_alloc(fp_arena_t *a, uint32_t p, uint64_t nbytes, uint64_t *fresh_len)
+{
+    uint64_t off = 0, fo = 7, fl = 7;
+    int rc = fp_arena_alloc(a, p, nbytes, &off, &fo, &fl);
+    CHECKF(rc == FP_OK, "alloc(p=%u, %llu bytes) returned %d", p, (unsigned long long)nbytes, rc);
+    CHECK(fl == 0 || fo == off);
+    if (fresh_len)
+        *fresh_len = fl;
+    return off;
+}
+
+/* Walks every region's chain: each block has the magic, its region as owner,
+ * a page-multiple size, and the blocks tile [base, base + top) exactly, so no
+ * two overlap.  Returns the number of blocks; *nfree counts the free ones and
+ * *sum_top adds up the tops. */
+static uint64_t walk(fp_arena_t *a, uint64_t *nfree, uint64_t *sum_top)
+{
+    uint64_t nblocks = 0, free_ = 0, tops = 0;
+    for (uint32_t r = 0; r < a->nprocs; r++) {
+        uint64_t base = fp_arena_region(a, r), top = top_of(a, r);
+        CHECKF(top <= a->region_size && top % PAGE == 0, "region %u top %llu", r, (unsigned long long)top);
+        uint64_t off = base;
+        while (off < base + top) {
+            fp_block_t *b = fp_arena_block(a, off);
+            uint64_t s = size_of(a, off);
+            CHECKF(b->magic == FP_BLOCK_MAGIC, "region %u block at +%llu: bad magic", r,
+                   (unsigned long long)(off - base));
+            CHECKF(b->owner == r, "region %u block at +%llu: owner %u", r, (unsigned long long)(off - base), b->owner);
+            CHECKF(s >= PAGE && s % PAGE == 0 && off + s <= base + top, "region %u block at +%llu: size %llu", r,
+                   (unsigned long long)(off - base), (unsigned long long)s);
+            CHECK(gen_of(a, off) >= 1);
+            free_ += fp_block_free(b, a->nprocs);
+            nblocks++;
+            off += s;
+        }
+        CHECK_EQ(off, base + top);
+        tops += top;
+    }
+    if (nfree)
+        *nfree = free_;
+    if (sum_top)
+        *sum_top = tops;
+    return nblocks;
+}
+
+/* ---------------------------------------------------------------- init/check */
+
+TEST(arena_init_lays_out_the_header)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, 64u * REGION, &size);
+    CHECK_EQ(a->magic, FP_ARENA_MAGIC);
+    CHECK_EQ(a->version, FP_ARENA_VERSION);
+    CHECK_EQ(a->nprocs, NPROCS);
+    CHECK_EQ(a->region_size, REGION);
+    CHECK_EQ(a->token, 0x1234abcdull);
+    CHECK_EQ(a->total_size, size);
+    CHECK_EQ(a->regions_offset % PAGE, 0);
+    CHECK(a->regions_offset >= sizeof(fp_arena_t) + 8u * NPROCS);
+    CHECK_EQ(size, a->regions_offset + (uint64_t)NPROCS * REGION);
+    for (uint32_t p = 0; p < NPROCS; p++) {
+        CHECK_EQ(top_of(a, p), 0);
+        CHECK_EQ(fp_arena_region(a, p), a->regions_offset + (uint64_t)p * REGION);
+    }
+    CHECK_EQ(fp_load64_acquire(&a->committed), 0);
+    CHECK_EQ(hdr(a) % 64, 0);
+    CHECK(hdr(a) >= sizeof(fp_block_t) + 4u * NPROCS);
+    CHECK_EQ(fp_arena_hdr_size(1024), fp_arena_align(32 + 4096, 64));
+    uint64_t live = 1, idle = 1, nlive = 1;
+    fp_arena_usage(a, &live, &idle, &nlive);
+    CHECK_EQ(live, 0);
+    CHECK_EQ(idle, 0);
+    CHECK_EQ(nlive, 0);
+    CHECK_EQ(fp_arena_check(a, size + PAGE), FP_OK); /* a larger mapping is fine */
+    munmap(a, size);
+}
+
+TEST(arena_init_refuses_bad_geometry)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_map(NPROCS, REGION, &size);
+    CHECK_EQ(fp_arena_init(a, 1, REGION, REGION, 1), FP_CORRUPT);                     /* under 2 processes */
+    CHECK_EQ(fp_arena_init(a, FP_ARENA_MAX_PROCS + 1, REGION, REGION, 1), FP_CORRUPT); /* over the max */
+    CHECK_EQ(fp_arena_init(a, NPROCS, 0, REGION, 1), FP_CORRUPT);
+    CHECK_EQ(fp_arena_init(a, NPROCS, REGION + 8, REGION, 1), FP_CORRUPT); /* not a page multiple */
+    CHECK_EQ(a->magic, 0);                                                 /* a refused init publishes nothing */
+    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
+    munmap(a, size);
+}
+
+TEST(arena_check_refuses_mismatches)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION, &size);
+    CHECK_EQ(fp_arena_check(a, size - 1), FP_CORRUPT); /* mapping smaller than the arena */
+    CHECK_EQ(fp_arena_check(a, sizeof(fp_arena_t) - 1), FP_CORRUPT);
+    CHECK_EQ(fp_arena_check(a, 0), FP_CORRUPT);
+
+    a->magic ^= 1;
+    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
+    a->magic ^= 1;
+    CHECK_EQ(fp_arena_check(a, size), FP_OK);
+
+    a->version = FP_ARENA_VERSION + 1;
+    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
+    a->version = FP_ARENA_VERSION - 1;
+    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
+    a->version = FP_ARENA_VERSION;
+    CHECK_EQ(fp_arena_check(a, size), FP_OK);
+
+    a->nprocs = 1;
+    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
+    a->nprocs = FP_ARENA_MAX_PROCS + 1;
+    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
+    a->nprocs = NPROCS + 1; /* total_size no longer matches */
+    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
+    a->nprocs = NPROCS;
+
+    a->region_size += PAGE;
+    CHECK_EQ(fp_arena_check(a, size + 64 * PAGE), FP_CORRUPT);
+    a->region_size -= PAGE;
+    a->total_size += PAGE;
+    CHECK_EQ(fp_arena_check(a, size + PAGE), FP_CORRUPT);
+    a->total_size -= PAGE;
+    CHECK_EQ(fp_arena_check(a, size), FP_OK);
+    munmap(a, size);
+}
+
+/* --------------------------------------------------------------------- alloc */
+
+TEST(arena_alloc_bumps_page_aligned_blocks_in_its_own_region)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, NPROCS * (uint64_t)REGION, &size);
+    uint64_t h = hdr(a);
+    static const uint64_t sizes[] = {0, 1, 100, PAGE - 64 /* hdr + n == PAGE */, PAGE - 63, 3 * PAGE, 200000};
+    enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+    uint64_t off[N];
+    for (uint32_t p = 0; p < NPROCS; p += 3) { /* regions 0 and 3 */
+        uint64_t base = fp_arena_region(a, p), expect = base, committed0 = fp_load64_acquire(&a->committed);
+        for (int i = 0; i < N; i++) {
+            uint64_t fl = 0;
+            off[i] = must_alloc(a, p, sizes[i], &fl);
+            uint64_t want = need_of(a, sizes[i]);
+            CHECKF(off[i] == expect, "p=%u i=%d", p, i);
+            CHECK_EQ(off[i] % PAGE, 0);
+            CHECK_EQ(size_of(a, off[i]), want);
+            CHECK(size_of(a, off[i]) - h >= sizes[i]);
+            CHECK_EQ(fl, want); /* all of it is fresh: the caller commits it */
+            CHECK(gen_of(a, off[i]) != 0); /* arena-wide sequence: never reused anywhere */
+            if (i > 0)
+                CHECK(gen_of(a, off[i]) > gen_of(a, off[i - 1]));
+            CHECK_EQ(fp_arena_block(a, off[i])->magic, FP_BLOCK_MAGIC);
+            CHECK_EQ(fp_arena_block(a, off[i])->owner, p);
+            for (uint32_t q = 0; q < NPROCS; q++)
+                CHECK_EQ(fp_arena_count(a, q, off[i]), q == p);
+            CHECK(fp_arena_valid(a, off[i]));
+            expect += want;
+            CHECK_EQ(top_of(a, p), expect - base);
+        }
+        CHECK_EQ(fp_load64_acquire(&a->committed) - committed0, expect - base);
+        /* the data of every block is its own: fill them all, then read back */
+        for (int i = 0; i < N; i++)
+            memset(data_of(a, off[i]), 0x40 + i, size_of(a, off[i]) - h);
+        for (int i = 0; i < N; i++) {
+            unsigned char *d = data_of(a, off[i]);
+            for (uint64_t k = 0; k < size_of(a, off[i]) - h; k++)
+                if (d[k] != 0x40 + i)
+                    CHECKF(0, "block %d byte %llu overwritten", i, (unsigned long long)k);
+        }
+    }
+    CHECK_EQ(top_of(a, 1), 0); /* the regions in between are untouched */
+    CHECK_EQ(top_of(a, 2), 0);
+    uint64_t nfree = 9, tops = 0;
+    CHECK_EQ(walk(a, &nfree, &tops), 2 * N);
+    CHECK_EQ(nfree, 0);
+    CHECK_EQ(tops, fp_load64_acquire(&a->committed));
+    munmap(a, size);
+}
+
+TEST(arena_alloc_reports_nospace_when_the_region_is_full)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, 64 * PAGE, NPROCS * 64ull * PAGE, &size);
+    uint64_t off = 0, fo = 0, fl = 0;
+    /* a request bigger than a whole region never fits */
+    CHECK_EQ(fp_arena_alloc(a, 1, 64 * PAGE, &off, &fo, &fl), FP_NOSPACE);
+    CHECK_EQ(fl, 0);
+    /* exactly a whole region does */
+    uint64_t whole = must_alloc(a, 1, 64 * PAGE - hdr(a), NULL);
+    CHECK_EQ(whole, fp_arena_region(a, 1));
+    CHECK_EQ(top_of(a, 1), 64 * PAGE);
+    CHECK_EQ(fp_arena_alloc(a, 1, 1, &off, &fo, &fl), FP_NOSPACE);
+    /* fill region 2 one page at a time */
+    for (int i = 0; i < 64; i++)
+        must_alloc(a, 2, 1, NULL);
+    uint64_t committed = fp_load64_acquire(&a->committed);
+    CHECK_EQ(fp_arena_alloc(a, 2, 1, &off, &fo, &fl), FP_NOSPACE);
+    CHECK_EQ(fp_arena_alloc(a, 2, 0, &off, &fo, &fl), FP_NOSPACE);
+    CHECK_EQ(top_of(a, 2), 64 * PAGE); /* a refusal changes nothing */
+    CHECK_EQ(fp_load64_acquire(&a->committed), committed);
+    /* a full region does not stop the others */
+    CHECK_EQ(must_alloc(a, 0, 1, NULL), fp_arena_region(a, 0));
+    CHECK_EQ(walk(a, NULL, NULL), 66);
+    munmap(a, size);
+}
+
+TEST(arena_alloc_reports_nospace_when_the_budget_is_spent)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, 64 * PAGE, 10 * PAGE, &size); /* budget: 10 pages, all regions */
+    uint64_t off = 0, fo = 0, fl = 0;
+    for (int i = 0; i < 4; i++)
+        must_alloc(a, 0, 1, NULL);
+    must_alloc(a, 1, 2 * PAGE, NULL); /* 3 pages */
+    CHECK_EQ(fp_load64_acquire(&a->committed), 7 * PAGE);
+    CHECK_EQ(fp_arena_alloc(a, 2, 3 * PAGE, &off, &fo, &fl), FP_NOSPACE); /* 4 pages: over */
+    CHECK_EQ(top_of(a, 2), 0);
+    uint64_t b = must_alloc(a, 2, 2 * PAGE, NULL); /* 3 pages: exactly the budget */
+    CHECK_EQ(fp_load64_acquire(&a->committed), 10 * PAGE);
+    CHECK_EQ(fp_arena_alloc(a, 3, 1, &off, &fo, &fl), FP_NOSPACE);
+    /* a freed block is reused without new budget */
+    fp_arena_unref(a, 2, b);
+    uint64_t fresh = 1;
+    CHECK_EQ(must_alloc(a, 2, 1, &fresh), b);
+    CHECK_EQ(fresh, 0);
+    CHECK_EQ(fp_load64_acquire(&a->committed), 10 * PAGE);
+    munmap(a, size);
+}
+
+TEST(arena_unbump_returns_a_fresh_block)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION, &size);
+    uint64_t x = must_alloc(a, 0, 1, NULL);
+    uint64_t y = must_alloc(a, 0, 3 * PAGE, NULL);
+    uint64_t top = top_of(a, 0), committed = fp_load64_acquire(&a->committed);
+    fp_arena_unbump(a, 0, y); /* the last block: the top goes back */
+    CHECK_EQ(top_of(a, 0), top - size_of(a, y));
+    CHECK_EQ(fp_load64_acquire(&a->committed), committed - size_of(a, y));
+    CHECK_EQ(fp_arena_count(a, 0, y), 0);
+    uint64_t fl = 0;
+    CHECK_EQ(must_alloc(a, 0, 3 * PAGE, &fl), y); /* bumped again, fresh again */
+    CHECK_EQ(fl, size_of(a, y));
+    top = top_of(a, 0);
+    fp_arena_unbump(a, 0, x); /* not the last: only dropped */
+    CHECK_EQ(top_of(a, 0), top);
+    CHECK_EQ(fp_arena_count(a, 0, x), 0);
+    CHECK_EQ(must_alloc(a, 0, 1, &fl), x);
+    CHECK_EQ(fl, 0);
+    munmap(a, size);
+}
+
+/* --------------------------------------------------------- free, reuse, gens */
+
+TEST(arena_block_is_reused_only_when_every_count_is_zero)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t x = must_alloc(a, 0, 5000, NULL);
+    uint64_t y = must_alloc(a, 0, 5000, NULL);
+    uint64_t gx = gen_of(a, x);
+    memset(data_of(a, x), 0xAB, 5000);
+    CHECK_EQ(fp_arena_ref(a, 1, x, gx), FP_OK);
+    CHECK_EQ(fp_arena_ref(a, 2, x, gx), FP_OK);
+    CHECK_EQ(fp_arena_ref(a, 2, x, gx), FP_OK);
+    CHECK_EQ(fp_arena_count(a, 0, x), 1);
+    CHECK_EQ(fp_arena_count(a, 1, x), 1);
+    CHECK_EQ(fp_arena_count(a, 2, x), 2);
+    CHECK_EQ(fp_arena_count(a, 3, x), 0);
+
+    uint32_t order[] = {0, 2, 1, 2}; /* drop them one by one; x is reused only after the last */
+    uint64_t z = 0;
+    for (int i = 0; i < 4; i++) {
+        CHECK(!fp_block_free(fp_arena_block(a, x), NPROCS));
+        fp_arena_unref(a, order[i], x);
+        if (i < 3) {
+            uint64_t o = must_alloc(a, 0, 5000, NULL); /* must not be x */
+            CHECK(o != x && o != y);
+            CHECK(z == 0 || o == z); /* the free z of the round before */
+            z = o;
+            fp_arena_unref(a, 0, z);
+        }
+    }
+    CHECK(fp_block_free(fp_arena_block(a, x), NPROCS));
+    uint64_t live = 0, idle = 0, nlive = 0;
+    fp_arena_usage(a, &live, &idle, &nlive);
+    CHECK_EQ(nlive, 1); /* y */
+    CHECK_EQ(live, size_of(a, y));
+    CHECK_EQ(idle, size_of(a, x) + size_of(a, z));
+
+    uint64_t top = top_of(a, 0), committed = fp_load64_acquire(&a->committed), fl = 1;
+    CHECK_EQ(must_alloc(a, 0, 5000, &fl), x); /* same offset, nothing fresh */
+    CHECK_EQ(fl, 0);
+    CHECK(gen_of(a, x) > gx); /* a new generation: old descriptors are stale */
+    CHECK_EQ(top_of(a, 0), top);
+    CHECK_EQ(fp_load64_acquire(&a->committed), committed);
+    CHECK_EQ(data_of(a, x)[0], 0xAB); /* the pages were touched before and are not replaced */
+    CHECK_EQ(data_of(a, x)[4999], 0xAB);
+    for (uint32_t q = 0; q < NPROCS; q++)
+        CHECK_EQ(fp_arena_count(a, q, x), q == 0);
+    munmap(a, size);
+}
+
+TEST(arena_unref_never_goes_below_zero)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION, &size);
+    uint64_t x = must_alloc(a, 0, 1, NULL);
+    fp_arena_unref(a, 0, x);
+    fp_arena_unref(a, 0, x);
+    fp_arena_unref(a, 3, x);
+    CHECK_EQ(fp_arena_count(a, 0, x), 0);
+    CHECK_EQ(fp_arena_count(a, 3, x), 0);
+    CHECK(fp_block_free(fp_arena_block(a, x), NPROCS));
+    munmap(a, size);
+}
+
+TEST(arena_ref_counts_are_per_process)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t x = must_alloc(a, 2, 1, NULL), g = gen_of(a, x);
+    for (uint32_t p = 0; p < NPROCS; p++)
+        for (uint32_t k = 0; k < 3 * p + 1; k++)
+            CHECK_EQ(fp_arena_ref(a, p, x, g), FP_OK);
+    for (uint32_t p = 0; p < NPROCS; p++)
+        CHECK_EQ(fp_arena_count(a, p, x), 3 * p + 1 + (p == 2));
+    for (uint32_t p = 0; p < NPROCS; p++)
+        fp_arena_unref(a, p, x);
+    for (uint32_t p = 0; p < NPROCS; p++)
+        CHECK_EQ(fp_arena_count(a, p, x), 3 * p + (p == 2));
+    CHECK_EQ(fp_arena_ref(a, NPROCS, x, g), FP_CORRUPT); /* no such process */
+    munmap(a, size);
+}
+
+TEST(arena_stale_descriptor_fails_after_reuse)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t x = must_alloc(a, 0, 1, NULL), g1 = gen_of(a, x);
+    CHECK_EQ(g1, 1);
+    fp_arena_unref(a, 0, x);
+    CHECK_EQ(must_alloc(a, 0, 1, NULL), x);
+    uint64_t g2 = gen_of(a, x);
+    CHECK(g2 != g1);
+    CHECK_EQ(fp_arena_ref(a, 1, x, g1), FP_STALE);
+    CHECK_EQ(fp_arena_count(a, 1, x), 0); /* a refused ref leaves no count behind */
+    CHECK_EQ(fp_arena_ref(a, 1, x, g2), FP_OK);
+    CHECK_EQ(fp_arena_count(a, 1, x), 1);
+    CHECK_EQ(fp_arena_ref(a, 1, x, g2 + 1), FP_STALE);
+    CHECK_EQ(fp_arena_count(a, 1, x), 1);
+    /* offsets that are not blocks at all */
+    CHECK_EQ(fp_arena_ref(a, 1, x + 64, g2), FP_CORRUPT);                     /* not page aligned */
+    CHECK_EQ(fp_arena_ref(a, 1, 0, g2), FP_CORRUPT);                          /* the header */
+    CHECK_EQ(fp_arena_ref(a, 1, a->total_size, g2), FP_CORRUPT);              /* past the end */
+    CHECK_EQ(fp_arena_ref(a, 1, fp_arena_region(a, 3), 1), FP_CORRUPT);      /* never allocated */
+    CHECK_EQ(fp_arena_ref(a, 1, x + size_of(a, x), 1), FP_CORRUPT);          /* past the top */
+    munmap(a, size);
+}
+
+/* ------------------------------------------------------------ split and merge */
+
+TEST(arena_split_leaves_a_free_tail_and_keeps_small_tails_inside)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t h = hdr(a);
+    uint64_t big = must_alloc(a, 0, 64 * PAGE, NULL); /* 65 pages */
+    uint64_t fence = must_alloc(a, 0, 1, NULL);       /* keeps the top away */
+    CHECK_EQ(size_of(a, big), 65 * PAGE);
+    fp_arena_unref(a, 0, big);
+
+    /* 1 page out of 65: the 64-page tail is at least FP_ARENA_MIN_SPLIT, so it splits */
+    uint64_t fl = 1;
+    CHECK_EQ(must_alloc(a, 0, 1, &fl), big);
+    CHECK_EQ(fl, 0);
+    CHECK_EQ(size_of(a, big), PAGE);
+    uint64_t tail = big + PAGE;
+    CHECK(fp_arena_valid(a, tail));
+    CHECK_EQ(size_of(a, tail), 64 * PAGE);
+    CHECK_EQ(fp_arena_block(a, tail)->owner, 0);
+    CHECK(fp_block_free(fp_arena_block(a, tail), NPROCS));
+    CHECK_EQ(tail + size_of(a, tail), fence);
+
+    /* the tail is reused in turn; a remainder under MIN_SPLIT stays inside */
+    uint64_t n = 64 * PAGE - FP_ARENA_MIN_SPLIT + PAGE - h; /* leaves MIN_SPLIT - PAGE */
+    CHECK_EQ(must_alloc(a, 0, n, &fl), tail);
+    CHECK_EQ(fl, 0);
+    CHECK_EQ(size_of(a, tail), 64 * PAGE);
+    fp_arena_unref(a, 0, tail);
+    n = 64 * PAGE - FP_ARENA_MIN_SPLIT - h; /* leaves exactly MIN_SPLIT: splits */
+    CHECK_EQ(must_alloc(a, 0, n, &fl), tail);
+    CHECK_EQ(size_of(a, tail), 64 * PAGE - FP_ARENA_MIN_SPLIT);
+    CHECK_EQ(size_of(a, tail + size_of(a, tail)), FP_ARENA_MIN_SPLIT);
+    uint64_t nfree = 0;
+    CHECK_EQ(walk(a, &nfree, NULL), 4);
+    CHECK_EQ(nfree, 1);
+    munmap(a, size);
+}
+
+TEST(arena_merge_joins_free_neighbours_only)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t b[5];
+    for (int i = 0; i < 5; i++)
+        b[i] = must_alloc(a, 1, 1, NULL); /* one page each */
+    uint64_t top = top_of(a, 1);
+    /* b0 free, b1 held, b2 b3 free, b4 held: 2 pages fit only at b2 */
+    fp_arena_unref(a, 1, b[0]);
+    fp_arena_unref(a, 1, b[2]);
+    fp_arena_unref(a, 1, b[3]);
+    uint64_t fl = 1;
+    CHECK_EQ(must_alloc(a, 1, PAGE, &fl), b[2]);
+    CHECK_EQ(fl, 0);
+    CHECK_EQ(size_of(a, b[2]), 2 * PAGE);
+    CHECK_EQ(size_of(a, b[0]), PAGE);
+    CHECK_EQ(size_of(a, b[1]), PAGE);
+    CHECK_EQ(size_of(a, b[4]), PAGE);
+    CHECK_EQ(top_of(a, 1), top);
+    CHECK_EQ(walk(a, NULL, NULL), 4);
+    /* nothing free fits 3 pages: a fresh block */
+    CHECK_EQ(must_alloc(a, 1, 2 * PAGE, &fl), fp_arena_region(a, 1) + top);
+    CHECK_EQ(fl, 3 * PAGE);
+    /* free everything before the fresh one: 5 pages merge back into one block */
+    fp_arena_unref(a, 1, b[1]);
+    fp_arena_unref(a, 1, b[2]);
+    fp_arena_unref(a, 1, b[4]);
+    CHECK_EQ(must_alloc(a, 1, 4 * PAGE, &fl), b[0]);
+    CHECK_EQ(fl, 0);
+    CHECK_EQ(size_of(a, b[0]), 5 * PAGE);
+    CHECK_EQ(walk(a, NULL, NULL), 2);
+    munmap(a, size);
+}
+
+/* ------------------------------------------------------------------- reclaim */
+
+TEST(arena_reclaim_drops_every_reference_of_one_process)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    enum { PER = 5 };
+    uint64_t blk[NPROCS][PER];
+    for (uint32_t r = 0; r < NPROCS; r++)
+        for (int i = 0; i < PER; i++)
+            blk[r][i] = must_alloc(a, r, 1000u * (uint64_t)(i + 1), NULL);
+    /* process 2 refs every block twice (and holds its own allocations in
+     * region 2); process 1 refs blocks 0..2 of every other region; the owners
+     * of regions 0, 1, 3 drop their own reference on blocks 3 and 4 */
+    uint64_t expect_held = 0;
+    for (uint32_t r = 0; r < NPROCS; r++)
+        for (int i = 0; i < PER; i++) {
+            uint64_t g = gen_of(a, blk[r][i]);
+            CHECK_EQ(fp_arena_ref(a, 2, blk[r][i], g), FP_OK);
+            CHECK_EQ(fp_arena_ref(a, 2, blk[r][i], g), FP_OK);
+            if (i < 3 && r != 1)
+                CHECK_EQ(fp_arena_ref(a, 1, blk[r][i], g), FP_OK);
+            if (r != 2 && i >= 3)
+                fp_arena_unref(a, r, blk[r][i]); /* the owner lets go: only 2 (and maybe 1) hold it */
+            expect_held++;
+        }
+    CHECK_EQ(fp_arena_reclaim(a, 2), expect_held);
+    uint64_t nfree = 0;
+    walk(a, &nfree, NULL);
+    for (uint32_t r = 0; r < NPROCS; r++)
+        for (int i = 0; i < PER; i++) {
+            uint64_t o = blk[r][i];
+            CHECK_EQ(fp_arena_count(a, 2, o), 0);
+            int owner_holds = r != 2 && i < 3; /* process 2 was region 2's owner */
+            int one_holds = i < 3 && r != 1;
+            CHECK_EQ(fp_arena_count(a, 1, o), one_holds + (r == 1 && i < 3));
+            CHECKF(fp_block_free(fp_arena_block(a, o), NPROCS) == !(owner_holds || one_holds), "r=%u i=%d", r, i);
+        }
+    CHECK_EQ(nfree, 2 * NPROCS); /* blocks 3 and 4 of every region */
+    CHECK_EQ(fp_arena_reclaim(a, 2), 0); /* twice is harmless */
+    fp_arena_unref(a, 2, blk[0][0]);      /* a late unref of a reclaimed ref stays at zero */
+    CHECK_EQ(fp_arena_count(a, 2, blk[0][0]), 0);
+    /* a freed block is reused by its region's owner */
+    uint64_t fl = 1;
+    CHECK_EQ(must_alloc(a, 0, 4000, &fl), blk[0][3]);
+    CHECK_EQ(fl, 0);
+    munmap(a, size);
+}
+
+/* -------------------------------------------------------------- two processes */
+
+static void child_prologue(void)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a parent that fails a CHECK leaves no child */
+    if (getppid() == 1)
+        _exit(4);
+}
+
+static int reap(pid_t pid, int64_t timeout_ns)
+{
+    int status = 0;
+    int64_t deadline = now_ns() + timeout_ns;
+    for (;;) {
+        pid_t got = waitpid(pid, &status, WNOHANG);
+        CHECK(got >= 0);
+        if (got == pid)
+            return status;
+        if (now_ns() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            CHECKF(0, "child %d did not finish", (int)pid);
+        }
+        sleep_ns(1 * MS);
+    }
+}
+
+#define CPROCS 5u /* parent + 4 children */
+#define CBLOCKS 16
+#define CITERS 500000
+
+typedef struct {
+    fp_a32 go;
+    fp_a32 ready;
+    fp_a32 stop;
+    fp_a32 _pad;
+    fp_a64 ops;
+    uint32_t held[CPROCS][CBLOCKS];
+} cctl_t;
+
+TEST(arena_procs_concurrent_refs_on_shared_blocks_add_up)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(CPROCS, REGION, REGION * CPROCS, &size);
+    cctl_t *ctl = mmap(NULL, sizeof(cctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(ctl != MAP_FAILED);
+    uint64_t off[CBLOCKS], gen[CBLOCKS];
+    for (int j = 0; j < CBLOCKS; j++) {
+        off[j] = must_alloc(a, 0, 100 + 3000u * (uint64_t)j, NULL);
+        gen[j] = gen_of(a, off[j]);
+    }
+    pid_t kids[CPROCS];
+    for (uint32_t i = 1; i < CPROCS; i++) {
+        fflush(stdout);
+        fflush(stderr);
+        kids[i] = fork();
+        CHECK(kids[i] >= 0);
+        if (kids[i] == 0) {
+            child_prologue();
+            uint32_t held[CBLOCKS] = {0};
+            uint64_t x = 0x5eed + i;
+            fp_add32_seqcst(&ctl->ready, 1);
+            while (!fp_load32_acquire(&ctl->go))
+                fp_cpu_relax();
+            for (int it = 0; it < CITERS; it++) {
+                x = splitmix64(x);
+                int j = (int)(x % CBLOCKS);
+                if (held[j] < 4 && ((x >> 32) & 1)) {
+                    CHECK_EQ(fp_arena_ref(a, i, off[j], gen[j]), FP_OK);
+                    held[j]++;
+                } else if (held[j] > 0) {
+                    fp_arena_unref(a, i, off[j]);
+                    held[j]--;
+                }
+                CHECK_EQ(fp_arena_count(a, i, off[j]), held[j]);
+            }
+            memcpy(ctl->held[i], held, sizeof(held));
+            fp_add64_relaxed(&ctl->ops, CITERS);
+            _exit(0);
+        }
+    }
+    while (fp_load32_acquire(&ctl->ready) != CPROCS - 1)
+        sleep_ns(MS / 10);
+    fp_store32_release(&ctl->go, 1);
+    /* meanwhile the parent allocates and frees other blocks in region 0, which
+     * walks the chain over the shared blocks and must never take one of them */
+    uint64_t x = 99, churn = 0;
+    int live = CPROCS - 1;
+    while (live > 0) {
+        for (int k = 0; k < 200; k++) {
+            x = splitmix64(x);
+            uint64_t o = must_alloc(a, 0, x % 20000, NULL);
+            for (int j = 0; j < CBLOCKS; j++)
+                CHECK(o != off[j]);
+            fp_arena_unref(a, 0, o);
+            churn++;
+        }
+        live = 0;
+        for (uint32_t i = 1; i < CPROCS; i++)
+            if (kids[i] > 0) {
+                int status = 0;
+                pid_t got = waitpid(kids[i], &status, WNOHANG);
+                CHECK(got >= 0);
+                if (got == kids[i]) {
+                    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %u: status %#x", i, status);
+                    kids[i] = 0;
+                } else {
+                    live++;
+                }
+            }
+    }
+    printf("[%llu child ops, %llu parent allocs] ", (unsigned long long)fp_load64_relaxed(&ctl->ops),
+           (unsigned long long)churn);
+    CHECK_EQ(fp_load64_relaxed(&ctl->ops), (uint64_t)(CPROCS - 1) * CITERS);
+    for (int j = 0; j < CBLOCKS; j++) {
+        CHECK_EQ(fp_arena_count(a, 0, off[j]), 1);
+        CHECK_EQ(gen_of(a, off[j]), gen[j]);
+        for (uint32_t i = 1; i < CPROCS; i++)
+            CHECKF(fp_arena_count(a, i, off[j]) == ctl->held[i][j], "block %d process %u: %u != %u", j, i,
+                   fp_arena_count(a, i, off[j]), ctl->held[i][j]);
+    }
+    /* the parent lets go; the children's references keep the blocks alive until reclaimed */
+    for (int j = 0; j < CBLOCKS; j++)
+        fp_arena_unref(a, 0, off[j]);
+    for (uint32_t i = 1; i < CPROCS; i++) {
+        uint64_t expect = 0;
+        for (int j = 0; j < CBLOCKS; j++)
+            expect += ctl->held[i][j] != 0;
+        CHECK_EQ(fp_arena_reclaim(a, i), expect);
+    }
+    uint64_t used = 0, idle = 0, nlive = 0;
+    fp_arena_usage(a, &used, &idle, &nlive);
+    CHECK_EQ(nlive, 0);
+    CHECK_EQ(used, 0);
+    CHECK_EQ(idle, top_of(a, 0));
+    munmap(ctl, sizeof(cctl_t));
+    munmap(a, size);
+}
+
+#define KPROCS 3u
+#define KREGION (512u * 1024u)
+#define KROUNDS 30
+#define KPARENT 8
+
+typedef struct {
+    fp_a64 ops;
+    uint64_t poff[KPARENT];
+    uint64_t pgen[KPARENT];
+} kctl_t;
+
+/* Process 1, until killed: allocates random sizes in region 1 (reuse, split,
+ * merge and bump), writes each block's data, refs and drops the parent's
+ * blocks, and frees at random. */
+static void crash_child(fp_arena_t *a, kctl_t *ctl, uint64_t seed)
+{
+    child_prologue();
+    enum { MAXH = 24 };
+    uint64_t mine[MAXH], nmine = 0;
+    uint32_t pheld[KPARENT] = {0};
+    uint64_t x = seed;
+    for (;;) {
+        x = splitmix64(x);
+        uint32_t op = (uint32_t)(x % 8);
+        if (op < 4 && nmine < MAXH) {
+            uint64_t n = (x >> 8) % 4 == 0 ? (x >> 16) % 160000 : (x >> 16) % 12000;
+            uint64_t off = 0, fo = 0, fl = 0;
+            int rc = fp_arena_alloc(a, 1, n, &off, &fo, &fl);
+            if (rc == FP_OK) {
+                memset(data_of(a, off), (int)(off >> 12), n);
+                mine[nmine++] = off;
+            } else {
+                CHECK_EQ(rc, FP_NOSPACE);
+                op = 4;
+            }
+        }
+        if (op >= 4 && op < 6 && nmine > 0) {
+            uint64_t k = (x >> 24) % nmine;
+            fp_arena_unref(a, 1, mine[k]);
+            mine[k] = mine[--nmine];
+        }
+        if (op >= 6) {
+            int j = (int)((x >> 24) % KPARENT);
+            if (op == 6 && pheld[j] < 3) {
+                CHECK_EQ(fp_arena_ref(a, 1, ctl->poff[j], ctl->pgen[j]), FP_OK);
+                pheld[j]++;
+            } else if (pheld[j] > 0) {
+                fp_arena_unref(a, 1, ctl->poff[j]);
+                pheld[j]--;
+            }
+        }
+        fp_add64_relaxed(&ctl->ops, 1);
+    }
+}
+
+TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(KPROCS, KREGION, KREGION * KPROCS, &size);
+    kctl_t *ctl = mmap(NULL, sizeof(kctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(ctl != MAP_FAILED);
+    for (int j = 0; j < KPARENT; j++) {
+        ctl->poff[j] = must_alloc(a, 0, 5000u * (uint64_t)(j + 1), NULL);
+        ctl->pgen[j] = gen_of(a, ctl->poff[j]);
+    }
+    uint64_t seed = (uint64_t)now_ns() ^ (uint64_t)getpid();
+    printf("[seed %llu] ", (unsigned long long)seed);
+    uint64_t total_ops = 0, total_reclaimed = 0, drift = 0;
+    for (int round = 0; round < KROUNDS; round++) {
+        fp_store64_relaxed(&ctl->ops, 0);
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0)
+            crash_child(a, ctl, splitmix64(seed + (uint64_t)round));
+        /* round 0 kills almost at once; the others after 0 to 20 ms of work */
+        if (round > 0) {
+            while (fp_load64_relaxed(&ctl->ops) == 0)
+                sleep_ns(MS / 20);
+            sleep_ns((int64_t)(splitmix64(seed ^ (uint64_t)round) % 20000) * 1000);
+        }
+        CHECK(kill(pid, SIGKILL) == 0);
+        int status = reap(pid, 5000 * MS);
+        CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "round %d: child status %#x", round, status);
+        total_ops += fp_load64_relaxed(&ctl->ops);
+
+        total_reclaimed += fp_arena_reclaim(a, 1);
+        uint64_t nfree = 0, tops = 0;
+        uint64_t nblocks = walk(a, &nfree, &tops);
+        /* committed lags the tops only when a kill fell between the top's
+         * store and committed's add (fp_arena.h:202-203): counted, not failed */
+        drift += fp_load64_acquire(&a->committed) != tops;
+        fp_store64_relaxed(&a->committed, tops);
+        /* region 1 held only the child's references: all free now */
+        uint64_t base = fp_arena_region(a, 1);
+        for (uint64_t o = base; o < base + top_of(a, 1); o += size_of(a, o))
+            CHECKF(fp_block_free(fp_arena_block(a, o), KPROCS), "round %d: block +%llu still held", round,
+                   (unsigned long long)(o - base));
+        for (int j = 0; j < KPARENT; j++) {
+            CHECK_EQ(fp_arena_count(a, 0, ctl->poff[j]), 1);
+            CHECK_EQ(fp_arena_count(a, 1, ctl->poff[j]), 0);
+            CHECK_EQ(gen_of(a, ctl->poff[j]), ctl->pgen[j]);
+        }
+        CHECK_EQ(nblocks - nfree, KPARENT);
+        uint64_t used = 0, idle = 0, nlive = 0;
+        fp_arena_usage(a, &used, &idle, &nlive);
+        CHECK_EQ(nlive, KPARENT);
+
+        /* the replacement in slot 1 (the parent, here) inherits the region:
+         * all of its used part is one free run again, then small blocks fill it */
+        uint64_t t = top_of(a, 1);
+        if (t > 0) {
+            uint64_t fl = 1;
+            uint64_t o = must_alloc(a, 1, t - hdr(a), &fl);
+            CHECK_EQ(o, base);
+            CHECK_EQ(fl, 0);
+            CHECK_EQ(size_of(a, o), t);
+            fp_arena_unref(a, 1, o);
+        }
+        uint64_t got[KREGION / PAGE], ngot = 0, off = 0, fo = 0, fl = 0;
+        int rc;
+        while ((rc = fp_arena_alloc(a, 1, 3 * PAGE - hdr(a), &off, &fo, &fl)) == FP_OK) {
+            CHECK(ngot < KREGION / PAGE);
+            got[ngot++] = off;
+            memset(data_of(a, off), (int)(ngot & 0xff), 3 * PAGE - hdr(a));
+        }
+        CHECK_EQ(rc, FP_NOSPACE);
+        CHECKF(ngot * 3 * PAGE + 3 * PAGE > KREGION - FP_ARENA_MIN_SPLIT,
+               "round %d: only %llu blocks of 3 pages fit in the region", round, (unsigned long long)ngot);
+        for (uint64_t k = 0; k < ngot; k++) {
+            CHECK_EQ(data_of(a, got[k])[0], (unsigned char)((k + 1) & 0xff));
+            CHECK_EQ(data_of(a, got[k])[3 * PAGE - hdr(a) - 1], (unsigned char)((k + 1) & 0xff));
+            fp_arena_unref(a, 1, got[k]);
+        }
+        walk(a, NULL, NULL);
+    }
+    printf("[%llu child ops over %d kills, %llu references reclaimed, committed off after %llu kills] ",
+           (unsigned long long)total_ops, KROUNDS, (unsigned long long)total_reclaimed, (unsigned long long)drift);
+    munmap(ctl, sizeof(kctl_t));
+    munmap(a, size);
+}
+
+/* ------------------------------------------------------------ header defects */
+
+/* fp_arena_alloc's merge (fp_arena.h:161-169) grows the free block's size over
+ * its free successors but leaves each absorbed block's header (magic, gen) in
+ * place, now inside the merged block's data.  A stale descriptor for an
+ * absorbed block therefore still passes fp_arena_valid and the gen check:
+ * fp_arena_ref returns FP_OK and its counter increment (fp_arena.h:234) lands
+ * in the middle of another allocation's data. */
+TEST(arena_stale_descriptor_of_a_merged_block_is_refused)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t x = must_alloc(a, 0, 1, NULL);
+    uint64_t y = must_alloc(a, 0, 1, NULL), gy = gen_of(a, y);
+    must_alloc(a, 0, 1, NULL); /* keeps the top away */
+    fp_arena_unref(a, 0, x);
+    fp_arena_unref(a, 0, y);
+    /* 2 pages: x and y merge into one block at x */
+    CHECK_EQ(must_alloc(a, 0, PAGE, NULL), x);
+    CHECK_EQ(size_of(a, x), 2 * PAGE);
+    /* the new owner has written only its first bytes; (y, gy) is a descriptor
+     * of the old, freed y, and must not pin anything now */
+    memset(data_of(a, x), 0x11, 100);
+    int rc = fp_arena_ref(a, 1, y, gy);
+    CHECKF(rc == FP_STALE || rc == FP_CORRUPT, "ref of the absorbed block y returned %d (FP_OK: a count was "
+           "added inside x's data at +%llu)", rc, (unsigned long long)(y - x + sizeof(fp_block_t) + 4));
+    munmap(a, size);
+}
+
+/* The split (fp_arena.h:176) gives the new tail the generation of the block it
+ * came from plus one, whatever generations that offset had before, so the
+ * generations at one offset are not monotonic: after a merge and a new split
+ * at the same place they count up again through values an earlier block there
+ * already used, and a stale descriptor (off, gen) matches a different
+ * allocation.  (An arena-wide generation counter would not repeat.) */
+TEST(arena_generation_never_repeats_at_an_offset_after_merge_and_split)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t h = hdr(a);
+    uint64_t big = must_alloc(a, 0, 64 * PAGE, NULL); /* 65 pages */
+    must_alloc(a, 0, 1, NULL);                        /* keeps the top away */
+    fp_arena_unref(a, 0, big);
+    CHECK_EQ(must_alloc(a, 0, 1, NULL), big); /* split: 1 page + a 64-page tail */
+    uint64_t t = big + PAGE;
+    CHECK_EQ(size_of(a, t), 64 * PAGE);
+    /* the tail is used ten times; keep a descriptor of the last use */
+    for (int i = 0; i < 10; i++) {
+        CHECK_EQ(must_alloc(a, 0, 64 * PAGE - h, NULL), t);
+        if (i < 9)
+            fp_arena_unref(a, 0, t);
+    }
+    uint64_t stale_gen = gen_of(a, t);
+    fp_arena_unref(a, 0, t); /* that allocation is over */
+    fp_arena_unref(a, 0, big);
+    /* merge back into one 65-page block at big, free it, split again at t */
+    CHECK_EQ(must_alloc(a, 0, 64 * PAGE, NULL), big);
+    CHECK_EQ(size_of(a, big), 65 * PAGE);
+    fp_arena_unref(a, 0, big);
+    CHECK_EQ(must_alloc(a, 0, 1, NULL), big);
+    CHECK_EQ(size_of(a, t), 64 * PAGE);
+    uint64_t regen = gen_of(a, t);
+    printf("[gen at the tail: %llu before, %llu after the new split] ", (unsigned long long)stale_gen,
+           (unsigned long long)regen);
+    /* new allocations at t, until one carries the old generation again */
+    int matched = 0;
+    for (int i = 0; i < 20 && !matched; i++) {
+        CHECK_EQ(must_alloc(a, 0, 64 * PAGE - h, NULL), t);
+        if (fp_arena_ref(a, 1, t, stale_gen) == FP_OK)
+            matched = 1 + i;
+        else
+            fp_arena_unref(a, 0, t);
+    }
+    CHECKF(!matched && regen > stale_gen,
+           "generation at +%llu went back from %llu to %llu; the stale descriptor (t, %llu) was accepted by a "
+           "different allocation (the %d-th after the split)",
+           (unsigned long long)(t - big), (unsigned long long)stale_gen, (unsigned long long)regen,
+           (unsigned long long)stale_gen, matched);
+    munmap(a, size);
+}
+
+/* need = align(hdr + nbytes, PAGE) (fp_arena.h:147) wraps around for nbytes
+ * near UINT64_MAX: the `need > a->region_size` check then passes and a request
+ * of 2^64-1 bytes returns FP_OK with a one-page block.  (nbytes = 2^64 - hdr
+ * gives need == 0: a size-0 block past the top, returned as FP_OK, and
+ * handed out again by the next call.) */
+TEST(arena_huge_request_is_refused_not_wrapped)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t off = 0, fo = 0, fl = 0;
+    int rc = fp_arena_alloc(a, 0, UINT64_MAX, &off, &fo, &fl);
+    CHECKF(rc == FP_NOSPACE, "alloc(UINT64_MAX) returned %d with a block of %llu bytes", rc,
+           rc == FP_OK ? (unsigned long long)size_of(a, off) : 0ull);
+    rc = fp_arena_alloc(a, 0, UINT64_MAX - hdr(a) + 1, &off, &fo, &fl);
+    CHECKF(rc == FP_NOSPACE, "alloc(2^64 - hdr) returned %d with a block of %llu bytes", rc,
+           rc == FP_OK ? (unsigned long long)size_of(a, off) : 0ull);
+    munmap(a, size);
+}
+
+/* fp_arena_alloc tests that every count of a free block is zero
+ * (fp_arena.h:159) and only afterwards bumps its gen (fp_arena.h:180).  A ref
+ * with the block's current gen that lands in between (fp_arena.h:234-235)
+ * sees the old gen and succeeds, and the owner hands the same block out as a
+ * new allocation: the block is reused while referenced.  The referrer here
+ * holds a reference, saw gen g after taking it, and later, still holding it,
+ * sees the gen change: that must never happen. */
+#define RACE_NS (1500 * MS)
+
+typedef struct {
+    fp_a64 gen;       /* the gen of the owner's current allocation */
+    fp_a32 stop;
+    fp_a32 ready;
+    fp_a64 refs_ok;   /* refs that succeeded */
+    fp_a64 violations;
+} rctl_t;
+
+TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
+{
+    uint64_t size = 0;
+    fp_arena_t *a = arena_new(8, PAGE, 8 * PAGE, &size); /* one block per region: reuse every time */
+    rctl_t *ctl = mmap(NULL, sizeof(rctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(ctl != MAP_FAILED);
+    uint64_t x = must_alloc(a, 0, 1, NULL);
+    fp_store64_release(&ctl->gen, gen_of(a, x));
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        child_prologue();
+        fp_store32_release(&ctl->ready, 1);
+        while (!fp_load32_acquire(&ctl->stop)) {
+            uint64_t g = fp_load64_acquire(&ctl->gen);
+            if (fp_arena_ref(a, 1, x, g) != FP_OK)
+                continue;
+            fp_add64_relaxed(&ctl->refs_ok, 1);
+            /* The parent writes a new stamp into the data each time alloc hands the
+             * block out: under our reference it must never change. */
+            fp_a64 *stamp = (fp_a64 *)((unsigned char *)fp_arena_block(a, x) + fp_arena_hdr_size(a->nprocs));
+            uint64_t d0 = fp_load64_acquire(stamp);
+            for (int k = 0; k < 64; k++)
+                if (fp_load64_acquire(stamp) != d0) {
+                    fp_add64_relaxed(&ctl->violations, 1);
+                    break;
+                }
+            fp_arena_unref(a, 1, x);
+        }
+        _exit(0);
+    }
+    while (!fp_load32_acquire(&ctl->ready))
+        sleep_ns(MS / 20);
+    int64_t end = now_ns() + RACE_NS;
+    uint64_t reuses = 0;
+    while (now_ns() < end && fp_load64_relaxed(&ctl->violations) == 0) {
+        for (int k = 0; k < 1000; k++) {
+            fp_arena_unref(a, 0, x);
+            uint64_t off = 0, fo = 0, fl = 0;
+            int rc;
+            while ((rc = fp_arena_alloc(a, 0, 1, &off, &fo, &fl)) == FP_NOSPACE)
+                fp_cpu_relax(); /* the child holds it: wait */
+            CHECK_EQ(rc, FP_OK);
+            CHECK_EQ(off, x);
+            fp_add64_relaxed((fp_a64 *)((unsigned char *)fp_arena_block(a, x) + fp_arena_hdr_size(a->nprocs)), 1);
+            fp_store64_release(&ctl->gen, gen_of(a, x));
+            reuses++;
+        }
+    }
+    fp_store32_release(&ctl->stop, 1);
+    int status = reap(pid, 5000 * MS);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
+    uint64_t v = fp_load64_relaxed(&ctl->violations);
+    printf("[%llu reuses, %llu refs taken, %llu reused under a reference] ", (unsigned long long)reuses,
+           (unsigned long long)fp_load64_relaxed(&ctl->refs_ok), (unsigned long long)v);
+    CHECKF(v == 0, "%llu times the block was handed out again while process 1 held a reference it took with the "
+           "then-current gen", (unsigned long long)v);
+    munmap(ctl, sizeof(rctl_t));
+    munmap(a, size);
+}
+
+int main(int argc, char **argv) { return check_main(argc, argv); }
