@@ -76,7 +76,9 @@ class Template:
         return self._proc.pid if self._proc else None
 
     def _start(self) -> None:
-        if threading.active_count() == 1 and os.environ.get("FASTPOOL_TEMPLATE_START") != "spawn":
+        method = os.environ.get("FASTPOOL_TEMPLATE_START", "")
+        if method != "spawn" and threading.active_count() == 1 and (
+                method == "fork" or _rss_bytes() < FORK_MAX_RSS_BYTES):
             self._start_forked()
         else:
             self._start_spawned()
@@ -199,6 +201,20 @@ class Template:
         with self._lock:
             if self._owner_pid == os.getpid():
                 self._close_locked()
+
+
+# A forked template keeps what the parent held at that moment alive for the life of
+# the process (a dataset the parent frees later stays in the template), so only a
+# small parent is forked; a big one pays ~150 ms for a fresh interpreter instead.
+FORK_MAX_RSS_BYTES = 256 << 20
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 1 << 62
 
 
 _TEMPLATE = Template()

@@ -52,6 +52,8 @@ sys.path.insert(0, {tests!r})
 import fastpool, _faulty
 from fastpool import _template
 if __name__ == "__main__":
+    import numpy as np
+    ballast = np.ones(int(os.environ.get("BALLAST_MIB", "0")) * 2**17)  # a big parent is not forked
     r, w = os.pipe()  # opened before the template: it must not keep w open
     with fastpool.Pool(2) as p:
         assert sorted(p.map(_faulty.double, range(10))) == [2 * i for i in range(10)]
@@ -63,14 +65,15 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("method, proc_type", [("", "_ForkedProcess"), ("spawn", "Popen")])
-def test_template_start_methods(tmp_path, method, proc_type):
+@pytest.mark.parametrize("method, ballast_mib, proc_type",
+                         [("", 0, "_ForkedProcess"), ("spawn", 0, "Popen"), ("", 400, "Popen")])
+def test_template_start_methods(tmp_path, method, ballast_mib, proc_type):
     import subprocess
     import sys
 
     script = tmp_path / "start.py"
     script.write_text(_START.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env = dict(os.environ, FASTPOOL_TEMPLATE_START=method)
+    env = dict(os.environ, FASTPOOL_TEMPLATE_START=method, BALLAST_MIB=str(ballast_mib))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [proc_type, "True"]
