@@ -293,12 +293,21 @@ def _is_infra(proc: psutil.Process, my_cmdline: list[str]) -> bool:
         return True  # already gone
 
 
+def _fastpool_template_pid() -> int | None:
+    """fastpool's worker template lives as long as this process (it may be a fork of
+    it, with the same command line): infrastructure, like a fork server."""
+    mod = sys.modules.get("fastpool._template")
+    return mod.template().pid if mod is not None else None
+
+
 def worker_processes() -> list[psutil.Process]:
     """Descendants of this process, minus the trackers and fork servers that
     outlive any one executor."""
     me = psutil.Process()
     my_cmdline = me.cmdline()
-    return [p for p in me.children(recursive=True) if not _is_infra(p, my_cmdline)]
+    template = _fastpool_template_pid()
+    return [p for p in me.children(recursive=True)
+            if p.pid != template and not _is_infra(p, my_cmdline)]
 
 
 def reap(procs: list[psutil.Process], who: str) -> None:
