@@ -1055,7 +1055,7 @@ class Pool(Executor):
         """Was this SIGKILL (that fastpool did not send) the kernel's OOM killer?"""
         after = _memory.oom_kill_count(slot.cg) if slot.cg else None
         mem = slot.mem
-        return _memory.judge_sigkill(slot.oom_before, after, mem.current_bytes if mem else None,
+        return _memory.judge_sigkill(slot.oom_before, after, mem.current_bytes if mem and mem.samples else None,
                                      _cgroup_limit(slot.cg) or self._memory_limit, False)
 
     def _retry_outcome(self, task: _Task) -> str:
@@ -1082,7 +1082,8 @@ class Pool(Executor):
             return errors.WorkerMemoryError(
                 slot.id, pid, exitcode, task.id, detail or f"function {task.fn_name}({_summarise(task.payload)})",
                 reason="memory-limit" if cause == "memory" else "oom-killer", limit_bytes=limit,
-                rss_bytes=mem.current_bytes if mem else None, peak_rss_bytes=mem.peak_bytes if mem else None)
+                rss_bytes=mem.current_bytes if mem and mem.samples else None,
+                peak_rss_bytes=mem.peak_bytes if mem and mem.samples else None)
         return errors.WorkerCrashed(slot.id, pid, exitcode, task.id,
                                     f"function {task.fn_name}({_summarise(task.payload)})")
 
