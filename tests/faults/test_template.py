@@ -67,13 +67,17 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("method, ballast_mib, proc_type",
                          [("", 0, "_ForkedProcess"), ("spawn", 0, "Popen"), ("", 400, "Popen")])
+# (a parent running native threads, e.g. a multi-threaded BLAS pool, is spawned too:
+#  see _template._os_threads)
 def test_template_start_methods(tmp_path, method, ballast_mib, proc_type):
     import subprocess
     import sys
 
     script = tmp_path / "start.py"
     script.write_text(_START.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env = dict(os.environ, FASTPOOL_TEMPLATE_START=method, BALLAST_MIB=str(ballast_mib))
+    # one BLAS thread: the parent then runs no native thread, and forking it is safe
+    env = dict(os.environ, FASTPOOL_TEMPLATE_START=method, BALLAST_MIB=str(ballast_mib),
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [proc_type, "True"]
