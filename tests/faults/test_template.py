@@ -54,6 +54,9 @@ from fastpool import _template
 if __name__ == "__main__":
     import numpy as np
     ballast = np.ones(int(os.environ.get("BALLAST_MIB", "0")) * 2**17)  # a big parent is not forked
+    if os.environ.get("NATIVE_THREAD") == "1":
+        import faulthandler
+        faulthandler.dump_traceback_later(600)  # a C thread that threading does not list
     r, w = os.pipe()  # opened before the template: it must not keep w open
     with fastpool.Pool(2) as p:
         assert sorted(p.map(_faulty.double, range(10))) == [2 * i for i in range(10)]
@@ -65,11 +68,13 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("method, ballast_mib, proc_type",
-                         [("", 0, "_ForkedProcess"), ("spawn", 0, "Popen"), ("", 400, "Popen")])
-# (a parent running native threads, e.g. a multi-threaded BLAS pool, is spawned too:
-#  see _template._os_threads)
-def test_template_start_methods(tmp_path, method, ballast_mib, proc_type):
+@pytest.mark.parametrize("method, ballast_mib, native_thread, proc_type", [
+    ("", 0, False, "_ForkedProcess"),
+    ("spawn", 0, False, "Popen"),
+    ("", 400, False, "Popen"),  # a big parent would be pinned by a forked template
+    ("", 0, True, "Popen"),  # forking beside a native thread is unsafe (CPython 3.12+ warns)
+])
+def test_template_start_methods(tmp_path, method, ballast_mib, native_thread, proc_type):
     import subprocess
     import sys
 
@@ -77,7 +82,8 @@ def test_template_start_methods(tmp_path, method, ballast_mib, proc_type):
     script.write_text(_START.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     # one BLAS thread: the parent then runs no native thread, and forking it is safe
     env = dict(os.environ, FASTPOOL_TEMPLATE_START=method, BALLAST_MIB=str(ballast_mib),
-               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               NATIVE_THREAD="1" if native_thread else "0")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [proc_type, "True"]
