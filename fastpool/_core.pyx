@@ -271,9 +271,6 @@ cdef class Board:
             has = fp_board_wait_results(self._b, t, sp)
         return bool(has)
 
-    def has_results(self):
-        return self._b != NULL and bool(fp_board_parent_has_work(self._b))
-
     def kick(self):
         """Wakes every parent thread parked in wait_results."""
         if self._b != NULL:
@@ -322,10 +319,6 @@ cdef class Board:
                 fp_load64_acquire(&w.current), fp_load64_acquire(&w.heartbeat),
                 fp_load64_acquire(&w.served))
 
-    def heartbeat(self, int slot):
-        self._ok(slot)
-        return fp_load64_acquire(&fp_board_slot(self._b, slot).heartbeat)
-
     def current(self, int slot):
         self._ok(slot)
         return fp_load64_acquire(&fp_board_slot(self._b, slot).current)
@@ -334,10 +327,6 @@ cdef class Board:
         self._ok(slot)
         fp_store64_release(&fp_board_slot(self._b, slot).cancel_id, task_id)
 
-    def tasks_pending(self, int slot):
-        """Records published to this slot's task ring and not yet taken."""
-        self._ok(slot)
-        return not fp_ring_empty(fp_board_ring(self._b, slot, TASKS))
 
     # ---- worker side -------------------------------------------------------------
 

@@ -137,9 +137,9 @@ class _Task:
 
 
 class _Slot:
-    __slots__ = ("id", "state", "pid", "pidfd", "assigned", "breaker", "spawned_at", "ready_at",
+    __slots__ = ("id", "state", "pid", "pidfd", "assigned", "breaker", "spawned_at",
                  "answered", "served", "kill_reason", "req", "cur_seen", "cur_since", "hb_seen",
-                 "hb_since", "init_error", "restart_at", "mem", "cg", "cg_at", "oom_before",
+                 "hb_since", "init_error", "mem", "cg", "oom_before",
                  "retiring", "baseline", "cg_text", "via")
 
     def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
@@ -150,7 +150,6 @@ class _Slot:
         self.assigned: deque[int] = deque()
         self.breaker = breaker
         self.spawned_at = 0.0
-        self.ready_at = 0.0
         self.answered = False
         self.served = 0
         self.kill_reason: tuple[str, int | None, str] | None = None
@@ -160,10 +159,8 @@ class _Slot:
         self.hb_seen = -1
         self.hb_since = 0.0
         self.init_error: BaseException | None = None
-        self.restart_at: float | None = None
         self.mem: _memory.WorkerMemory | None = None
         self.cg: dict | None = None  # the worker's own memory cgroup, tracked while it lives
-        self.cg_at = 0.0
         self.cg_text: str | None = None
         self.via: Any = None  # the template connection that forked this slot's worker
         self.oom_before: int | None = None
@@ -851,7 +848,6 @@ class Pool(Executor):
 
     def _process(self, recs: list) -> None:
         settle = []
-        now = time.monotonic()
         with self._lock:
             slots, inflight, counts = self._slots, self._inflight, self._counts
             for sid, kind, tid, aux, payload in recs:
@@ -861,7 +857,6 @@ class Pool(Executor):
                     if slot.state == "starting" and slot.pid in (None, aux):
                         slot.pid = aux
                         slot.state = "ready"
-                        slot.ready_at = now
                         if not slot.assigned:
                             self._idle.append(sid)
                     continue
@@ -1154,7 +1149,6 @@ class Pool(Executor):
         now = time.monotonic()
         action, at = slot.breaker.on_failure(now, f"{cause}: {record.get('detail') or record.get('signal') or record.get('exitcode')}")
         slot.state = "open" if action == "open" else "backing_off"
-        slot.restart_at = at
         self._add_timer(at, "restart", slot.id)
 
     def _add_timer(self, when: float, what: str, sid: int) -> None:
@@ -1326,7 +1320,7 @@ class Pool(Executor):
             cg = slot.cg
             count = _memory.oom_kill_count(cg)
             if slot.pidfd is not None and not select_read(slot.pidfd, 0):
-                slot.oom_before, slot.cg_at = count, now
+                slot.oom_before = count
             cur = self._board.current(slot.id) if slot.state == "ready" else 0
             if self._memory_limit and sample.rss_bytes > self._memory_limit:
                 mib = sample.rss_bytes / 2**20
