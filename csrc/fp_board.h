@@ -24,8 +24,9 @@
 #include "fp_status.h"
 
 #define FP_BOARD_MAGIC 0x4c4f4f5054534146ULL /* "FASTPOOL" */
-#define FP_BOARD_VERSION 1u
+#define FP_BOARD_VERSION 2u
 #define FP_PAGE 4096u
+#define FP_BOARD_MAX_SLOTS 1023u              /* the arena's process table holds 1 + slots */
 
 /* Worker slot states, written by the worker (and reset by the parent). */
 enum { FP_SLOT_EMPTY = 0, FP_SLOT_STARTING = 1, FP_SLOT_READY = 2, FP_SLOT_EXITING = 3 };
@@ -45,18 +46,104 @@ typedef struct {
 } fp_board_t;
 static_assert(sizeof(fp_board_t) <= FP_PAGE, "board header fits its page");
 
+/* Cancel-before-start requests a slot remembers.  Each queued task gets at
+ * most one, but they may come in any order, so the latest 2 * depth - 1
+ * requests must all still be there: 32 covers the deepest prefetch (16). */
+#define FP_SKIP_WORDS 32u
+
 typedef struct {
     fp_a32 state;
     fp_a32 pid;
     fp_a32 generation; /* bumped by the parent each time the slot is reset */
-    fp_a32 cancel;     /* task id low bits the parent asked to cancel cooperatively */
-    fp_a64 current;    /* task id being run, 0 when idle; set BEFORE the ring advances */
+    fp_a32 _unused;
+    fp_a64 current;    /* task being run, 0 when idle; set BEFORE the ring advances */
     fp_a64 heartbeat;  /* bumped by the worker's heartbeat thread */
     fp_a64 served;     /* tasks completed by this process */
-    fp_a64 cancel_id;  /* full task id of a cooperative cancel request */
-    char _pad[208];
+    fp_a64 cancel_id;  /* a cooperative cancel request for the running task */
+    fp_a64 skip_seq;   /* cancel-before-start requests so far (0: none ever) */
+    fp_a64 skip[FP_SKIP_WORDS]; /* the latest requests, by task */
+    char _pad[200];
 } fp_slot_t;
-static_assert(sizeof(fp_slot_t) == 256, "slot block is 256 bytes");
+static_assert(sizeof(fp_slot_t) == 512, "slot block is 512 bytes");
+
+/* Slot words: every access goes through these, so Cython never names a field. */
+static inline void fp_slot_reset(fp_slot_t *s)
+{
+    fp_store64_release(&s->current, 0);
+    fp_store64_release(&s->cancel_id, 0);
+    fp_store64_release(&s->served, 0);
+    fp_store64_release(&s->heartbeat, 0);
+    fp_store64_release(&s->skip_seq, 0);
+    for (uint32_t i = 0; i < FP_SKIP_WORDS; i++)
+        fp_store64_release(&s->skip[i], 0);
+    fp_store32_release(&s->pid, 0);
+    fp_store32_release(&s->state, FP_SLOT_EMPTY);
+    fp_add32_seqcst(&s->generation, 1);
+}
+
+static inline void fp_slot_info(fp_slot_t *s, uint32_t *state, uint32_t *pid, uint64_t *current, uint64_t *heartbeat,
+                                uint64_t *served)
+{
+    *state = fp_load32_acquire(&s->state);
+    *pid = fp_load32_acquire(&s->pid);
+    *current = fp_load64_acquire(&s->current);
+    *heartbeat = fp_load64_acquire(&s->heartbeat);
+    *served = fp_load64_acquire(&s->served);
+}
+
+static inline uint64_t fp_slot_current(fp_slot_t *s) { return fp_load64_seqcst(&s->current); }
+
+static inline void fp_slot_set_state(fp_slot_t *s, uint32_t state, uint32_t pid)
+{
+    if (pid)
+        fp_store32_release(&s->pid, pid);
+    fp_store32_release(&s->state, state);
+}
+
+static inline void fp_slot_beat(fp_slot_t *s) { fp_add64_relaxed(&s->heartbeat, 1); }
+
+/* The worker takes a task: current first (seq_cst, the Dekker half that pairs
+ * with fp_slot_skip), then the skip requests.  Returns 1 when the parent asked
+ * to drop this task before it started: the caller must not run it. */
+static inline int fp_slot_start(fp_slot_t *s, uint64_t task)
+{
+    fp_store64_seqcst(&s->current, task);
+    if (fp_load64_seqcst(&s->skip_seq) == 0)
+        return 0;
+    for (uint32_t i = 0; i < FP_SKIP_WORDS; i++)
+        if (fp_load64_seqcst(&s->skip[i]) == task)
+            return 1;
+    return 0;
+}
+
+/* The task is over (run or skipped): idle again. */
+static inline void fp_slot_finish(fp_slot_t *s, int ran)
+{
+    if (ran)
+        fp_add64_relaxed(&s->served, 1);
+    fp_store64_release(&s->current, 0);
+}
+
+/* The parent asks the worker to drop a task it holds but may not have started.
+ * seq is the parent's own count of requests to this slot (never read back from
+ * shared memory).  Returns 0 if the worker is running the task now.  Returns 1
+ * otherwise: the worker has not started it and will skip it, or it finished
+ * already (its result is published before current changes, so the caller
+ * tells the two apart by the record it reads for the task: SKIPPED or not). */
+static inline int fp_slot_skip(fp_slot_t *s, uint64_t seq, uint64_t task)
+{
+    fp_store64_seqcst(&s->skip[seq % FP_SKIP_WORDS], task);
+    fp_store64_seqcst(&s->skip_seq, seq + 1);
+    return fp_load64_seqcst(&s->current) != task;
+}
+
+static inline void fp_slot_request_cancel(fp_slot_t *s, uint64_t task) { fp_store64_release(&s->cancel_id, task); }
+
+static inline int fp_slot_cancel_requested(fp_slot_t *s)
+{
+    uint64_t c = fp_load64_acquire(&s->cancel_id);
+    return c != 0 && c == fp_load64_acquire(&s->current);
+}
 
 static inline uint64_t fp_align_page(uint64_t n) { return (n + FP_PAGE - 1) & ~(uint64_t)(FP_PAGE - 1); }
 
@@ -67,124 +154,157 @@ static inline uint64_t fp_board_rings_offset(uint32_t nslots)
     return fp_align_page(FP_PAGE + (uint64_t)nslots * sizeof(fp_slot_t));
 }
 
+/* 0 when the geometry is out of range (so no size can wrap). */
 static inline uint64_t fp_board_size(uint32_t nslots, uint64_t cap)
 {
+    if (nslots == 0 || nslots > FP_BOARD_MAX_SLOTS || !fp_ring_capacity_ok(cap) || cap > FP_RING_MAX_CAPACITY)
+        return 0;
     return fp_board_rings_offset(nslots) + 2ull * nslots * fp_board_ring_stride(cap);
 }
 
-static inline fp_slot_t *fp_board_slot(fp_board_t *b, uint32_t i)
+/* One process's private view of a board: the geometry it created or checked
+ * once at attach, and a ring view per slot and direction, all in process
+ * memory.  Nothing below re-reads a size, a count or an offset from the
+ * shared segment. */
+typedef struct {
+    fp_board_t *b;
+    uint64_t size;
+    uint32_t nslots;
+    uint64_t cap;
+    fp_ringv_t *tasks;   /* [nslots]: the parent produces, the worker consumes */
+    fp_ringv_t *results; /* [nslots]: the worker produces, the parent consumes */
+} fp_boardv_t;
+
+static inline fp_slot_t *fp_boardv_slot(const fp_boardv_t *v, uint32_t i)
 {
-    return (fp_slot_t *)((unsigned char *)b + FP_PAGE) + i;
+    return (fp_slot_t *)((unsigned char *)v->b + FP_PAGE) + i;
 }
 
-/* dir 0: tasks (parent -> worker), dir 1: results (worker -> parent) */
-static inline fp_ring_t *fp_board_ring(fp_board_t *b, uint32_t i, int dir)
+static inline fp_ringv_t *fp_boardv_tasks(const fp_boardv_t *v, uint32_t i) { return &v->tasks[i]; }
+static inline fp_ringv_t *fp_boardv_results(const fp_boardv_t *v, uint32_t i) { return &v->results[i]; }
+static inline fp_board_t *fp_boardv_board(const fp_boardv_t *v) { return v->b; }
+
+/* Non-ring work for the parent (a death, a kick), and the parent threads that
+ * drive now (the collector thread stays away while any does). */
+static inline void fp_board_flag_attention(fp_board_t *b)
 {
-    uint64_t off = fp_board_rings_offset(b->nslots) + (2ull * i + (uint64_t)dir) * fp_board_ring_stride(b->ring_capacity);
+    fp_store32_release(&b->attention, 1);
+    fp_event_kick(&b->done);
+}
+static inline int fp_board_take_attention(fp_board_t *b) { return fp_xchg32_acqrel(&b->attention, 0) != 0; }
+static inline void fp_board_kick(fp_board_t *b) { fp_event_kick(&b->done); }
+static inline void fp_board_want(fp_board_t *b, int delta)
+{
+    if (delta > 0)
+        fp_add32_seqcst(&b->want, 1);
+    else
+        fp_sub32_seqcst(&b->want, 1);
+}
+static inline int fp_board_wanted(fp_board_t *b) { return fp_load32_acquire(&b->want) != 0; }
+
+static inline fp_ring_t *fp_board_ring_at(fp_board_t *b, uint32_t nslots, uint64_t cap, uint32_t i, int dir)
+{
+    uint64_t off = fp_board_rings_offset(nslots) + (2ull * i + (uint64_t)dir) * fp_board_ring_stride(cap);
     return (fp_ring_t *)((unsigned char *)b + off);
+}
+
+/* Fills v from geometry this process knows (tasks/results arrays supplied by
+ * the caller, nslots each).  parent: 1 in the pool's process, 0 in a worker. */
+static inline int fp_boardv_init(fp_boardv_t *v, fp_board_t *b, uint64_t mapped, uint32_t nslots, uint64_t cap,
+                                 fp_ringv_t *tasks, fp_ringv_t *results, int parent)
+{
+    uint64_t size = fp_board_size(nslots, cap);
+    if (size == 0 || size > mapped)
+        return FP_CORRUPT;
+    v->b = b;
+    v->size = size;
+    v->nslots = nslots;
+    v->cap = cap;
+    v->tasks = tasks;
+    v->results = results;
+    for (uint32_t i = 0; i < nslots; i++) {
+        if (fp_ringv_init(&tasks[i], fp_board_ring_at(b, nslots, cap, i, 0), cap, parent) != FP_OK ||
+            fp_ringv_init(&results[i], fp_board_ring_at(b, nslots, cap, i, 1), cap, !parent) != FP_OK)
+            return FP_CORRUPT;
+    }
+    return FP_OK;
 }
 
 /* On a zero-filled mapping of fp_board_size(nslots, cap) bytes. */
 static inline int fp_board_init(fp_board_t *b, uint32_t nslots, uint64_t cap)
 {
-    if (cap < 4096 || cap % 8 != 0 || nslots == 0)
+    uint64_t size = fp_board_size(nslots, cap);
+    if (size == 0)
         return FP_CORRUPT;
     b->nslots = nslots;
     b->ring_capacity = cap;
-    b->total_size = fp_board_size(nslots, cap);
+    b->total_size = size;
     b->version = FP_BOARD_VERSION;
     for (uint32_t i = 0; i < nslots; i++) {
-        fp_ring_init(fp_board_ring(b, i, 0), cap);
-        fp_ring_init(fp_board_ring(b, i, 1), cap);
+        fp_ring_init(fp_board_ring_at(b, nslots, cap, i, 0), cap);
+        fp_ring_init(fp_board_ring_at(b, nslots, cap, i, 1), cap);
     }
     fp_fence_seqcst();
     b->magic = FP_BOARD_MAGIC; /* last: an attach never sees a half-made board */
     return FP_OK;
 }
 
-static inline int fp_board_check(const fp_board_t *b, uint64_t mapped)
+/* A worker's attach: the header is read once into *nslots and *cap, and the
+ * copy is what gets checked (and used from then on). */
+static inline int fp_board_check(const fp_board_t *b, uint64_t mapped, uint32_t *nslots, uint64_t *cap)
 {
-    if (mapped < sizeof(fp_board_t) || b->magic != FP_BOARD_MAGIC || b->version != FP_BOARD_VERSION)
+    const volatile fp_board_t *h = (const volatile fp_board_t *)b;
+    if (mapped < sizeof(fp_board_t))
         return FP_CORRUPT;
-    if (b->total_size != fp_board_size(b->nslots, b->ring_capacity) || b->total_size > mapped)
+    uint64_t magic = h->magic;
+    uint32_t version = h->version, n = h->nslots;
+    uint64_t c = h->ring_capacity, total = h->total_size;
+    if (magic != FP_BOARD_MAGIC || version != FP_BOARD_VERSION)
         return FP_CORRUPT;
+    uint64_t size = fp_board_size(n, c);
+    if (size == 0 || total != size || size > mapped)
+        return FP_CORRUPT;
+    *nslots = n;
+    *cap = c;
     return FP_OK;
 }
 
 /* Any result ring non-empty, or non-ring work flagged for the parent. */
-static inline int fp_board_parent_has_work(fp_board_t *b)
+static inline int fp_boardv_parent_has_work(const fp_boardv_t *v)
 {
-    if (fp_load32_acquire(&b->attention))
+    if (fp_load32_acquire(&v->b->attention))
         return 1;
-    for (uint32_t i = 0; i < b->nslots; i++)
-        if (!fp_ring_empty(fp_board_ring(b, i, 1)))
+    for (uint32_t i = 0; i < v->nslots; i++)
+        if (!fp_ringv_empty(&v->results[i]))
             return 1;
     return 0;
 }
 
 /* The parent's wait for results: spin up to spin_ns, then park on the
  * board's eventcount until timeout_ns.  Returns 1 if there is work. */
-static inline int fp_board_wait_results(fp_board_t *b, int64_t timeout_ns, int64_t spin_ns)
+static inline int fp_boardv_wait_results(const fp_boardv_t *v, int64_t timeout_ns, int64_t spin_ns)
 {
     int64_t start = fp_now_ns();
     int64_t now = start;
     unsigned spins = 0;
     while (now - start < spin_ns) {
-        if (fp_board_parent_has_work(b))
+        if (fp_boardv_parent_has_work(v))
             return 1;
         fp_cpu_relax();
         if ((++spins & 63u) == 0)
             now = fp_now_ns();
     }
-    uint32_t key = fp_event_prepare(&b->done);
-    int has = fp_board_parent_has_work(b);
+    fp_event_t *done = &v->b->done;
+    uint32_t key = fp_event_prepare(done);
+    int has = fp_boardv_parent_has_work(v);
     if (!has) {
         int64_t left = timeout_ns - (fp_now_ns() - start);
         if (left > 0)
-            fp_event_wait(&b->done, key, left);
-        has = fp_board_parent_has_work(b);
+            fp_event_wait(done, key, left);
+        has = fp_boardv_parent_has_work(v);
     }
-    fp_event_finish(&b->done);
+    fp_event_finish(done);
     return has;
-}
-
-/* The worker's wait for a task on its own ring (same shape). */
-static inline int fp_ring_wait_data(fp_ring_t *r, fp_a32 *stop, int64_t timeout_ns, int64_t spin_ns)
-{
-    int64_t start = fp_now_ns();
-    int64_t now = start;
-    unsigned spins = 0;
-    while (now - start < spin_ns) {
-        if (!fp_ring_empty(r) || (stop && fp_load32_acquire(stop)))
-            return 1;
-        fp_cpu_relax();
-        if ((++spins & 63u) == 0)
-            now = fp_now_ns();
-    }
-    uint32_t key = fp_event_prepare(&r->data);
-    int has = !fp_ring_empty(r) || (stop && fp_load32_acquire(stop));
-    if (!has) {
-        int64_t left = timeout_ns - (fp_now_ns() - start);
-        if (left > 0)
-            fp_event_wait(&r->data, key, left);
-        has = !fp_ring_empty(r) || (stop && fp_load32_acquire(stop));
-    }
-    fp_event_finish(&r->data);
-    return has;
-}
-
-/* The worker's wait for room in its result ring: sleeps until the parent
- * consumes something (head moves past seen_head) or timeout_ns passes. */
-static inline int fp_ring_wait_space(fp_ring_t *r, uint64_t seen_head, int64_t timeout_ns)
-{
-    uint32_t key = fp_event_prepare(&r->space);
-    int moved = fp_load64_acquire(&r->head) != seen_head;
-    if (!moved) {
-        fp_event_wait(&r->space, key, timeout_ns);
-        moved = fp_load64_acquire(&r->head) != seen_head;
-    }
-    fp_event_finish(&r->space);
-    return moved;
 }
 
 /* Results are published: wake the parent if it is parked. */

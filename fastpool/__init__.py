@@ -16,7 +16,7 @@ except ImportError as exc:  # pragma: no cover - depends on how it was installed
 
 from fastpool._codec import transfer
 from fastpool._template import shutdown_template
-from fastpool._worker import cancelled
+from fastpool._call import TaskFunction, cancelled
 from fastpool.errors import (
     BrokenPool,
     CircuitOpen,
@@ -35,7 +35,7 @@ from fastpool.errors import (
     WorkerHung,
     WorkerMemoryError,
 )
-from fastpool.pool import Pool, PoolOptions, TaskFunction, task
+from fastpool.pool import Pool, PoolOptions, task
 
 __all__ = [
     "Pool",

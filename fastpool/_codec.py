@@ -33,17 +33,11 @@ from typing import Any, Callable
 
 from fastpool import errors
 
-# Task-ring kinds below 16 are tasks: the worker records them in slot.current.
-K_CALL = 1
-K_STOP = 16
-K_INIT = 17
-
-# Result-ring kinds.
-R_OK = 1
-R_ERR = 2
-R_BAD_RESULT = 3
-R_READY = 16
-R_INIT_FAILED = 17
+# The record kinds live in csrc/fp_proto.h; _core exports them.
+from fastpool._core import (  # noqa: E402,F401
+    K_CALL, K_CALLKW, K_CHUNK, K_INIT, K_STARCHUNK, K_STOP, R_BAD_RESULT, R_ERR, R_INIT_FAILED, R_OK,
+    R_READY, R_SKIPPED,
+)
 
 PROTOCOL = 5
 OOB_THRESHOLD_BYTES = 64 << 10  # smaller plain arrays travel inline: a block costs a page
@@ -54,8 +48,10 @@ _PROCESS_ARENA: list[Any] = [None]  # a worker's own arena (results are encoded 
 _ndarray: Any = None
 _ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
 
-_FN_CACHE: dict[Any, bytes] = {}
+_FN_CACHE: dict[Any, Any] = {}  # fn -> its pickle, or (fingerprint, pickle) for one sent by value
 _FN_CACHE_MAX = 1024
+_GLOBAL_NAMES: dict[Any, tuple[str, ...]] = {}  # code object -> the global names it (or a nested def) reads
+_MISSING = object()
 
 
 def dumps(obj: Any) -> bytes:
@@ -71,18 +67,64 @@ def _by_value(fn: Any) -> bool:
     return mod == "__main__" or mod is None or "<lambda>" in qual or "<locals>" in qual
 
 
-def function_bytes(fn: Callable[..., Any]) -> bytes:
-    """The pickle of fn, cached for plain functions (their pickle never changes).
+def stable_function(fn: Any) -> bool:
+    """True if fn's pickle can never change: a plain function pickled by reference."""
+    return isinstance(fn, (types.FunctionType, types.BuiltinFunctionType)) and not _by_value(fn)
 
-    Raises SerializationError if fn cannot be pickled at all."""
-    cacheable = isinstance(fn, (types.FunctionType, types.BuiltinFunctionType))
-    if cacheable:
-        try:
-            return _FN_CACHE[fn]
-        except (KeyError, TypeError):
-            pass
+
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    names = _GLOBAL_NAMES.get(code)
+    if names is None:
+        found = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                found.update(_global_names(const))
+        names = _GLOBAL_NAMES[code] = tuple(sorted(found))
+    return names
+
+
+def _fingerprint(fn: types.FunctionType) -> tuple:
+    """What a by-value pickle of fn captures, by identity: its code, the globals it
+    reads, its closure cells and defaults.  Rebinding any of them changes this;
+    mutating a referenced object in place does not (README "Functions")."""
+    g = fn.__globals__
+    cells = fn.__closure__ or ()
+    return (id(fn.__code__), tuple(id(g.get(n, _MISSING)) for n in _global_names(fn.__code__)),
+            tuple(id(c.cell_contents) if _cell_set(c) else 0 for c in cells),
+            id(fn.__defaults__), id(fn.__kwdefaults__))
+
+
+def _cell_set(cell: Any) -> bool:
     try:
-        if _by_value(fn):
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def function_bytes(fn: Callable[..., Any]) -> bytes:
+    """The pickle of fn: by reference when importable, else by value (cloudpickle).
+
+    Cached per function.  A function sent by value (``__main__``, lambdas,
+    closures) is pickled again when a global it reads, a closure cell or its
+    defaults were rebound since, so a notebook that redefines a global reaches
+    the workers.  Raises SerializationError if fn cannot be pickled at all."""
+    plain = isinstance(fn, (types.FunctionType, types.BuiltinFunctionType))
+    by_value = _by_value(fn)
+    mark = None
+    if plain:
+        try:
+            hit = _FN_CACHE.get(fn)
+        except TypeError:
+            hit = None
+        if by_value and isinstance(fn, types.FunctionType):
+            mark = _fingerprint(fn)
+            if hit is not None and hit[0] == mark:
+                return hit[1]
+        elif hit is not None:
+            return hit
+    try:
+        if by_value:
             import cloudpickle
 
             data = cloudpickle.dumps(fn, PROTOCOL)
@@ -97,10 +139,13 @@ def function_bytes(fn: Callable[..., Any]) -> bytes:
             raise errors.SerializationError(
                 f"the function {getattr(fn, '__qualname__', fn)!r}", f"{type(exc).__name__}: {exc}"
             ) from exc
-    if cacheable:
+    if plain:
         if len(_FN_CACHE) >= _FN_CACHE_MAX:
             _FN_CACHE.clear()
-        _FN_CACHE[fn] = data
+        try:
+            _FN_CACHE[fn] = (mark, data) if mark is not None else data
+        except TypeError:
+            pass
     return data
 
 
@@ -249,6 +294,8 @@ def encode(obj: Any, arena: Any, keep: list | None = None, handoff: bool = False
         for blk in p.handed:
             arena.unref_for(arena.proc, blk.off)
         raise
+    if handoff:
+        _LAST_HANDED[0] = (arena, [blk.off for blk in p.handed])  # offsets: a Block would pin its block
     if p.detach:
         from fastpool import _arena
 
@@ -261,6 +308,19 @@ def encode(obj: Any, arena: Any, keep: list | None = None, handoff: bool = False
     return buf.getvalue()
 
 
+_LAST_HANDED: list[Any] = [None]  # a worker's last result: (arena, blocks it handed to the parent)
+
+
+def release_handoff(payload: bytes | None) -> None:
+    """Takes back the references a worker handed over with its last result,
+    which will never reach the parent (it did not fit the ring)."""
+    last, _LAST_HANDED[0] = _LAST_HANDED[0], None
+    if last is not None and payload is not None:
+        arena, handed = last
+        for off in handed:
+            arena.unref_for(arena.proc, off)
+
+
 def set_process_arena(arena: Any) -> None:
     _PROCESS_ARENA[0] = arena
 
@@ -270,35 +330,13 @@ def encode_result(result: Any) -> bytes:
     return encode(result, None if type(result) in _ATOMIC else _PROCESS_ARENA[0], None, True)
 
 
-def hold(fut: Any, keep: list) -> None:
-    """Keeps a call's blocks alive until its future settles (retries included)."""
-    fut._fp_keep = keep
-    fut.add_done_callback(_release)
+def encode_args(obj: Any, args: Any, kwargs: dict, arena: Any = None, keep: list | None = None) -> bytes:
+    """Pickles a call's arguments (obj: args, (args, kwargs) or a map chunk's items).
 
-
-def _release(fut: Any) -> None:
-    keep = getattr(fut, "_fp_keep", None)
-    if keep:
-        fut._fp_transferred = TRANSFERRED in keep
-        keep.clear()
-
-
-def has_transferred(fut: Any) -> bool:
-    """True if the call behind fut carried transferred buffers: never retry it."""
-    keep = getattr(fut, "_fp_keep", None)
-    return bool(keep and TRANSFERRED in keep) or bool(getattr(fut, "_fp_transferred", False))
-
-
-def encode_call(fn_bytes: bytes, args: tuple, kwargs: dict, arena: Any = None,
-                keep: list | None = None) -> bytes:
-    """Pickles a call; raises SerializationError naming the bad argument.
-
-    With ``arena``, arrays travel as descriptors (see ``encode``)."""
-    if arena is not None and all(type(a) in _ATOMIC for a in args) and (
-            not kwargs or all(type(v) in _ATOMIC for v in kwargs.values())):
-        arena = None  # nothing here can be an array: skip the custom pickler (~1 us)
+    With ``arena``, arrays travel as descriptors (see ``encode``).  Raises
+    SerializationError naming the argument that cannot be pickled."""
     try:
-        return encode((fn_bytes, args, kwargs), arena, keep)
+        return encode(obj, arena, keep)
     except errors.FastPoolError:
         raise
     except Exception as exc:

@@ -1,108 +1,88 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The shared-memory board: rings, slot words and waits, over one memfd.
 
-    parent (pool.py)                               worker (_worker.py)
-    ----------------                               -------------------
-    push_task(slot, kind, id, bytes) --task ring--> pop_task(slot)   (sets slot.current
-                                                     first, then advances the ring)
-    poll_results() <------------result ring-------- push_result(slot, kind, id, aux, bytes)
+    parent (_dispatch)                              worker (_serve)
+    ------------------                              ---------------
+    push_task(slot, kind, id, aux, a, b) --task ring--> next_task(slot): wait, peek
+                                                     start_task(slot, id): current := id,
+                                                       then the skip words (Dekker)
+                                                     release_task; run; finish(slot)
+    peek_result / release_result <---result ring--- put_result(slot, kind, id, aux, bytes)
     wait_results(): spin, then futex on board.done <- notify after each publish
 
 Every ring has one producer and one consumer, and every word a dead process
 could have been writing is either its own (its slot) or published last with a
 release store, so a SIGKILL on any instruction leaves nothing held.  Waits
 release the GIL, are bounded, and return on EINTR so Ctrl-C is seen.
+
+The parent never trusts the segment: its views (csrc/fp_board.h) hold the
+geometry it created the board with, and every record header a worker can
+write is read once and checked against them (FP_CORRUPT, never a wild read).
+A worker attaches by reading the header once and checking that copy.
 """
 
-from libc.stdint cimport uint32_t, uint64_t, int64_t
-from libc.string cimport memcpy
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
 from fastpool import errors
 
 from fastpool._sys cimport (
     FP_AGAIN, FP_CORRUPT, FP_ERRNO, FP_INTR, FP_OK, FP_TIMEOUT, FP_TOOBIG, MAP_FAILED, MAP_NORESERVE,
-    MAP_SHARED, PROT_READ, PROT_WRITE, close, errno, fp_a32, fp_a64, fp_add32_seqcst, fp_add64_relaxed,
-    fp_load32_acquire, fp_load64_acquire, fp_load64_relaxed, fp_store32_release, fp_store64_release,
-    fp_sub32_seqcst, fp_xchg32_acqrel, ftruncate, mmap, munmap, pread,
+    MAP_SHARED, PROT_READ, PROT_WRITE, close, errno, ftruncate, mmap, munmap, pread,
 )
-
-cdef extern from "fp_futex.h" nogil:
-    ctypedef struct fp_event_t:
-        pass
-    int64_t fp_now_ns()
-    void fp_event_kick(fp_event_t *e)
-
-cdef extern from "fp_ring.h" nogil:
-    ctypedef struct fp_rec_t:
-        uint32_t len
-        uint32_t kind
-        uint64_t task_id
-        uint64_t aux
-    ctypedef struct fp_ring_t:
-        fp_a64 head
-        fp_a64 tail
-        uint64_t capacity
-        uint64_t pushed
-    ctypedef struct fp_resv_t:
-        pass
-    uint64_t fp_ring_max_record(const fp_ring_t *r)
-    int fp_ring_empty(fp_ring_t *r)
-    void fp_ring_reset(fp_ring_t *r)
-    int fp_ring_push(fp_ring_t *r, uint32_t kind, uint64_t task_id, uint64_t aux,
-                     const void *payload, uint64_t len)
-    int fp_ring_peek(fp_ring_t *r, fp_rec_t **rec, uint64_t *next)
-    void fp_ring_release(fp_ring_t *r, uint64_t next)
-
-cdef extern from "fp_board.h" nogil:
-    ctypedef struct fp_board_t:
-        uint64_t magic
-        uint32_t version
-        uint32_t nslots
-        uint64_t ring_capacity
-        uint64_t total_size
-        fp_event_t done
-        fp_a32 attention
-        fp_a32 want
-    ctypedef struct fp_slot_t:
-        fp_a32 state
-        fp_a32 pid
-        fp_a32 generation
-        fp_a64 current
-        fp_a64 heartbeat
-        fp_a64 served
-        fp_a64 cancel_id
-    int FP_SLOT_EMPTY, FP_SLOT_STARTING, FP_SLOT_READY, FP_SLOT_EXITING
-    uint64_t FP_PAGE
-    uint64_t fp_board_size(uint32_t nslots, uint64_t cap)
-    int fp_board_init(fp_board_t *b, uint32_t nslots, uint64_t cap)
-    int fp_board_check(const fp_board_t *b, uint64_t mapped)
-    fp_slot_t *fp_board_slot(fp_board_t *b, uint32_t i)
-    fp_ring_t *fp_board_ring(fp_board_t *b, uint32_t i, int dir)
-    int fp_board_parent_has_work(fp_board_t *b)
-    int fp_board_wait_results(fp_board_t *b, int64_t timeout_ns, int64_t spin_ns)
-    int fp_ring_wait_data(fp_ring_t *r, fp_a32 *stop, int64_t timeout_ns, int64_t spin_ns)
-    int fp_ring_wait_space(fp_ring_t *r, uint64_t seen_head, int64_t timeout_ns)
-    void fp_board_notify_parent(fp_board_t *b)
 
 SLOT_EMPTY = FP_SLOT_EMPTY
 SLOT_STARTING = FP_SLOT_STARTING
 SLOT_READY = FP_SLOT_READY
 SLOT_EXITING = FP_SLOT_EXITING
+MAX_SLOTS = FP_BOARD_MAX_SLOTS
+MAX_RING_BYTES = FP_RING_MAX_CAPACITY
+MIN_RING_BYTES = 1 << 16
 
-DEF TASKS = 0
-DEF RESULTS = 1
+# The record kinds (csrc/fp_proto.h), for the Python side of the protocol.
+K_CALL, K_CALLKW, K_CHUNK, K_STARCHUNK = FP_K_CALL, FP_K_CALLKW, FP_K_CHUNK, FP_K_STARCHUNK
+K_STOP, K_INIT = FP_K_STOP, FP_K_INIT
+R_OK, R_ERR, R_BAD_RESULT, R_SKIPPED = FP_R_OK, FP_R_ERR, FP_R_BAD_RESULT, FP_R_SKIPPED
+R_READY, R_INIT_FAILED = FP_R_READY, FP_R_INIT_FAILED
 
 
-cdef int _check(int rc, str what) except -1:
+cdef int check(int rc, str what) except -1:
+    """The one mapping from an fp_status code to an exception, one message each."""
     if rc == FP_OK:
         return 0
     if rc == FP_ERRNO:
         import os
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
     if rc == FP_CORRUPT:
-        raise errors.SegmentCorrupt(f"{what}: the shared board is corrupt or of another version")
-    raise RuntimeError(f"{what}: status {rc}")
+        raise errors.SegmentCorrupt(f"{what}: the shared segment breaks its format (a stray write, "
+                                    "or a board of another fastpool version)")
+    if rc == FP_TOOBIG:
+        raise errors.SerializationError(what, "it is larger than a ring record can be")
+    if rc == FP_TIMEOUT:
+        raise TimeoutError(f"{what}: timed out")
+    if rc == FP_INTR:
+        raise InterruptedError(f"{what}: interrupted by a signal")
+    if rc == FP_AGAIN:
+        raise BlockingIOError(f"{what}: no room or nothing to read right now")
+    raise SystemError(f"{what}: unknown status {rc}")
+
+
+def ring_limit_error(str what, Py_ssize_t nbytes, uint64_t limit, str advice=""):
+    """The error for a pickled call or result over a ring's record limit."""
+    return errors.SerializationError(
+        what, f"its pickle is {nbytes} bytes, over the ring limit of {limit} bytes (ring_bytes / 2); "
+        + (advice or "pass large arrays through shared memory (pool.share, pool.empty) or raise "
+           "Pool(ring_bytes=...)"))
+
+
+def check_ring_bytes(ring_bytes):
+    """ValueError unless ring_bytes is a size the ring format holds."""
+    if not isinstance(ring_bytes, int) or isinstance(ring_bytes, bool):
+        raise TypeError(f"ring_bytes must be an int, not {type(ring_bytes).__name__}")
+    if ring_bytes < MIN_RING_BYTES or ring_bytes % 4096 or ring_bytes > MAX_RING_BYTES:
+        raise ValueError(f"ring_bytes must be a multiple of 4096 from 64 KiB to 8 GiB, not {ring_bytes}; "
+                         "it is per ring, sparse, and one record may be up to half of it")
 
 
 cdef inline int64_t _ns(double seconds) noexcept:
@@ -116,27 +96,25 @@ cdef inline int64_t _ns(double seconds) noexcept:
 cdef class Board:
     """A mapping of one pool's board.  The parent creates it; workers attach by fd.
 
-    Thread safety: the parent serialises producers of a task ring (pool lock)
-    and consumers of the result rings (the drive lock); everything else is
-    atomic.  Closing while another thread uses the board is the caller's bug.
+    Thread safety: the parent serialises producers of a task ring (the
+    dispatcher's lock) and consumers of the result rings (the drive lock);
+    everything else is atomic.  Closing while another thread uses the board is
+    the caller's bug (the pool closes it only after its threads stopped).
     """
 
-    cdef fp_board_t *_b
-    cdef size_t _size
-    cdef int _fd
-    cdef readonly int nslots
-    cdef readonly uint64_t ring_capacity
-    cdef readonly uint64_t max_record
-    cdef int _next_poll
-
     def __cinit__(self):
-        self._b = NULL
+        self._v = NULL
+        self._rings = NULL
+        self._base = NULL
         self._fd = -1
 
     @staticmethod
     def create(int nslots, uint64_t ring_capacity, str name="fastpool"):
         """Makes a fresh board in a new memfd (nothing appears in /dev/shm)."""
         import os
+        if nslots < 1 or nslots > FP_BOARD_MAX_SLOTS:
+            raise ValueError(f"a board holds 1 to {FP_BOARD_MAX_SLOTS} worker slots, not {nslots}")
+        check_ring_bytes(ring_capacity)
         cdef Board self = Board.__new__(Board)
         cdef uint64_t size = fp_board_size(nslots, ring_capacity)
         fd = os.memfd_create(name, os.MFD_CLOEXEC)
@@ -147,24 +125,27 @@ cdef class Board:
         except BaseException:
             os.close(fd)
             raise
-        _check(fp_board_init(self._b, nslots, ring_capacity), "board init")
-        self._load_header()
+        check(fp_board_init(<fp_board_t *>self._base, nslots, ring_capacity), "board init")
+        self._views(nslots, ring_capacity, True)
         return self
 
     @staticmethod
     def attach(int fd):
-        """Maps an existing board from an inherited fd (the fd stays the caller's)."""
+        """Maps an existing board from an inherited fd (the fd stays the caller's).
+
+        The header is read once; that copy is checked and used from then on."""
         import os
         cdef Board self = Board.__new__(Board)
-        cdef fp_board_t head
-        if pread(fd, &head, sizeof(fp_board_t), 0) != sizeof(fp_board_t):
+        cdef unsigned char head[4096]
+        cdef uint32_t nslots = 0
+        cdef uint64_t cap = 0
+        if pread(fd, head, sizeof(head), 0) != sizeof(head):
             raise errors.SegmentCorrupt("the shared board is too short to be one")
-        if fp_board_check(&head, head.total_size if head.total_size < (1ULL << 46) else 0) != FP_OK:
+        if fp_board_check(<fp_board_t *>head, sizeof(head) + (1ULL << 46), &nslots, &cap) != FP_OK:
             raise errors.SegmentCorrupt("the shared board's magic or layout version does not match "
                                         "this fastpool build")
-        self._map(os.dup(fd), head.total_size)
-        _check(fp_board_check(self._b, self._size), "board attach")
-        self._load_header()
+        self._map(os.dup(fd), fp_board_size(nslots, cap))
+        self._views(nslots, cap, False)
         return self
 
     cdef _map(self, int fd, uint64_t size):
@@ -172,21 +153,28 @@ cdef class Board:
         if p == MAP_FAILED:
             import os
             raise OSError(errno, f"cannot map the shared board ({size} bytes): {os.strerror(errno)}")
-        self._b = <fp_board_t *>p
+        self._base = p
         self._size = size
         self._fd = fd
 
-    cdef _load_header(self):
-        self.nslots = self._b.nslots
-        self.ring_capacity = self._b.ring_capacity
-        self.max_record = fp_ring_max_record(fp_board_ring(self._b, 0, TASKS))
+    cdef _views(self, uint32_t nslots, uint64_t cap, bint parent):
+        self._v = <fp_boardv_t *>calloc(1, sizeof(fp_boardv_t))
+        self._rings = <fp_ringv_t *>calloc(2 * nslots, sizeof(fp_ringv_t))
+        if self._v == NULL or self._rings == NULL:
+            raise MemoryError()
+        check(fp_boardv_init(self._v, <fp_board_t *>self._base, self._size, nslots, cap,
+                             self._rings, self._rings + nslots, parent), "board views")
+        self._parent = parent
+        self.nslots = nslots
+        self.ring_capacity = cap
+        self.max_record = fp_ring_max_record_for(cap)
 
     def fileno(self):
         return self._fd
 
     @property
     def closed(self):
-        return self._b == NULL
+        return self._base == NULL
 
     @property
     def size(self):
@@ -194,222 +182,208 @@ cdef class Board:
 
     def close(self):
         """Unmaps and closes the fd.  Idempotent."""
-        if self._b != NULL:
-            munmap(self._b, self._size)
-            self._b = NULL
+        self._release()
+
+    cdef _release(self):
+        if self._base != NULL:
+            munmap(self._base, self._size)
+            self._base = NULL
         if self._fd >= 0:
             close(self._fd)
             self._fd = -1
+        free(self._rings)
+        free(self._v)
+        self._rings = NULL
+        self._v = NULL
 
     def __dealloc__(self):
-        if self._b != NULL:
-            munmap(self._b, self._size)
-        if self._fd >= 0:
-            close(self._fd)
+        self._release()
 
-    cdef inline int _ok(self, int slot) except -1:
-        if self._b == NULL:
+    cdef int _ok(self, int slot) except -1:
+        if self._base == NULL:
             raise errors.PoolClosed("the pool's shared board is closed")
         if slot < 0 or slot >= self.nslots:
             raise IndexError(f"slot {slot} out of range")
         return 0
 
-    # ---- parent side -------------------------------------------------------------
+    # ---- parent side: C-level, for the dispatcher ----------------------------------
 
-    cpdef bint push_task(self, int slot, uint32_t kind, uint64_t task_id, bytes payload) except -1:
-        """Publishes a task record; False if the ring is full right now."""
+    cdef int push_task(self, int slot, uint32_t kind, uint64_t task_id, uint64_t aux,
+                       const char *a, Py_ssize_t alen, const char *b, Py_ssize_t blen) noexcept:
+        """FP_OK, FP_AGAIN (full), FP_TOOBIG or FP_CORRUPT (the worker wrote the head)."""
+        return fp_ringv_push2(fp_boardv_tasks(self._v, slot), kind, task_id, aux, a, alen, b, blen, 1)
+
+    cdef int peek_result(self, int slot, fp_recv_t *out) noexcept:
+        return fp_ringv_peek(fp_boardv_results(self._v, slot), out)
+
+    cdef void release_result(self, int slot, uint64_t nxt) noexcept:
+        fp_ringv_release(fp_boardv_results(self._v, slot), nxt)
+
+    cdef bint results_pending(self, int slot) noexcept:
+        return not fp_ringv_empty(fp_boardv_results(self._v, slot))
+
+    cdef uint64_t current_of(self, int slot) noexcept:
+        return fp_slot_current(fp_boardv_slot(self._v, slot))
+
+    cdef int skip_task(self, int slot, uint64_t seq, uint64_t task_id) noexcept:
+        return fp_slot_skip(fp_boardv_slot(self._v, slot), seq, task_id)
+
+    # ---- parent side: Python-level ---------------------------------------------------
+
+    def push_control(self, int slot, uint32_t kind, bytes payload=b""):
+        """Publishes a control record (K_INIT, K_STOP) on slot's task ring.
+
+        False if the ring is full or broken (the caller kills the worker instead)."""
         self._ok(slot)
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
-        cdef int rc = fp_ring_push(fp_board_ring(self._b, slot, TASKS), kind, task_id, 0,
-                                   PyBytes_AS_STRING(payload), n)
-        if rc == FP_AGAIN:
-            return False
+        cdef int rc = self.push_task(slot, kind, 0, 0, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+                                     NULL, 0)
         if rc == FP_TOOBIG:
-            raise errors.SerializationError(
-                f"task {task_id}", f"its pickle is {n} bytes, over the ring limit of "
-                f"{self.max_record} bytes; pass large arrays through pool.share() or raise "
-                f"Pool(ring_bytes=...)")
-        _check(rc, "push task")
-        return True
-
-    cpdef list poll_results(self, int max_records=512):
-        """Takes up to max_records published results, round-robin over slots.
-
-        Returns [(slot, kind, task_id, aux, payload bytes)].  Only one thread
-        may poll at a time (the pool's drive lock)."""
-        if self._b == NULL:
-            return []
-        cdef list out = []
-        cdef int n = self.nslots, i, s, start = self._next_poll
-        cdef fp_ring_t *r
-        cdef fp_rec_t *rec
-        cdef uint64_t nxt
-        cdef bint progress = True
-        while progress and len(out) < max_records:
-            progress = False
-            for i in range(n):
-                s = (start + i) % n
-                r = fp_board_ring(self._b, s, RESULTS)
-                if fp_ring_peek(r, &rec, &nxt) != FP_OK:
-                    continue
-                payload = PyBytes_FromStringAndSize(<char *>rec + sizeof(fp_rec_t), rec.len)
-                out.append((s, rec.kind, rec.task_id, rec.aux, payload))
-                fp_ring_release(r, nxt)
-                progress = True
-        self._next_poll = (start + 1) % n
-        return out
+            raise ring_limit_error("a control record", PyBytes_GET_SIZE(payload), self.max_record)
+        return rc == FP_OK
 
     def wait_results(self, double timeout_s, double spin_s=0.0):
         """Spins up to spin_s, then parks until a result, a kick or timeout_s.
 
         Releases the GIL throughout; returns True if there is work."""
-        if self._b == NULL:
+        if self._base == NULL:
             return False
         cdef int has
         cdef int64_t t = _ns(timeout_s), sp = _ns(spin_s)
         with nogil:
-            has = fp_board_wait_results(self._b, t, sp)
+            has = fp_boardv_wait_results(self._v, t, sp)
         return bool(has)
 
     def kick(self):
         """Wakes every parent thread parked in wait_results."""
-        if self._b != NULL:
-            fp_event_kick(&self._b.done)
+        if self._base != NULL:
+            fp_board_kick(fp_boardv_board(self._v))
 
     def flag_attention(self):
         """Marks non-ring work for the driver (a death) and wakes it."""
-        if self._b != NULL:
-            fp_store32_release(&self._b.attention, 1)
-            fp_event_kick(&self._b.done)
+        if self._base != NULL:
+            fp_board_flag_attention(fp_boardv_board(self._v))
 
     def take_attention(self):
-        if self._b == NULL:
-            return False
-        return fp_xchg32_acqrel(&self._b.attention, 0) != 0
+        return self._base != NULL and fp_board_take_attention(fp_boardv_board(self._v)) != 0
 
     def want(self, int delta):
         """A parent thread announces (+1) or withdraws (-1) its wish to drive."""
-        if self._b == NULL:
-            return
-        if delta > 0:
-            fp_add32_seqcst(&self._b.want, 1)
-        else:
-            fp_sub32_seqcst(&self._b.want, 1)
+        if self._base != NULL:
+            fp_board_want(fp_boardv_board(self._v), delta)
 
     def wanted(self):
-        return self._b != NULL and fp_load32_acquire(&self._b.want) != 0
+        return self._base != NULL and fp_board_wanted(fp_boardv_board(self._v)) != 0
 
     def reset_slot(self, int slot):
         """Empties both rings and the slot words.  Only while no worker runs there."""
         self._ok(slot)
-        cdef fp_slot_t *w = fp_board_slot(self._b, slot)
-        fp_ring_reset(fp_board_ring(self._b, slot, TASKS))
-        fp_ring_reset(fp_board_ring(self._b, slot, RESULTS))
-        fp_store64_release(&w.current, 0)
-        fp_store64_release(&w.cancel_id, 0)
-        fp_store32_release(&w.pid, 0)
-        fp_store32_release(&w.state, FP_SLOT_EMPTY)
-        fp_add32_seqcst(&w.generation, 1)
+        fp_ringv_reset(fp_boardv_tasks(self._v, slot))
+        fp_ringv_reset(fp_boardv_results(self._v, slot))
+        fp_slot_reset(fp_boardv_slot(self._v, slot))
 
     def slot_info(self, int slot):
-        """(state, pid, current task, heartbeat, served) as seen right now."""
+        """(state, pid, current task, heartbeat, served) as seen right now: worker-written."""
         self._ok(slot)
-        cdef fp_slot_t *w = fp_board_slot(self._b, slot)
-        return (fp_load32_acquire(&w.state), fp_load32_acquire(&w.pid),
-                fp_load64_acquire(&w.current), fp_load64_acquire(&w.heartbeat),
-                fp_load64_acquire(&w.served))
+        cdef uint32_t state, pid
+        cdef uint64_t cur, hb, served
+        fp_slot_info(fp_boardv_slot(self._v, slot), &state, &pid, &cur, &hb, &served)
+        return (state, pid, cur, hb, served)
 
     def current(self, int slot):
         self._ok(slot)
-        return fp_load64_acquire(&fp_board_slot(self._b, slot).current)
+        return self.current_of(slot)
 
     def request_cancel(self, int slot, uint64_t task_id):
         self._ok(slot)
-        fp_store64_release(&fp_board_slot(self._b, slot).cancel_id, task_id)
+        fp_slot_request_cancel(fp_boardv_slot(self._v, slot), task_id)
 
+    # ---- worker side ---------------------------------------------------------------
 
-    # ---- worker side -------------------------------------------------------------
+    cdef int next_task(self, int slot, fp_recv_t *out, int64_t timeout_ns, int64_t spin_ns) noexcept nogil:
+        """Waits (up to timeout_ns, spinning spin_ns first) and peeks the next task record."""
+        cdef fp_ringv_t *r = fp_boardv_tasks(self._v, slot)
+        cdef int rc = fp_ringv_peek(r, out)
+        if rc == FP_AGAIN and timeout_ns > 0:
+            fp_ringv_wait_data(r, NULL, timeout_ns, spin_ns)
+            rc = fp_ringv_peek(r, out)
+        return rc
 
-    def pop_task(self, int slot, double timeout_s, double spin_s=0.0):
-        """Next task record as (kind, task_id, payload) or None after timeout_s.
+    cdef bint start_task(self, int slot, uint64_t task_id) noexcept:
+        """current := task_id before the record is consumed, so at every instant
+        the parent can tell which task a dead worker held.  True: the parent
+        asked to drop this task before it started; do not run it."""
+        return fp_slot_start(fp_boardv_slot(self._v, slot), task_id) != 0
 
-        slot.current is set before the record is consumed, so at every instant
-        the parent can tell which task a dead worker held."""
-        self._ok(slot)
-        cdef fp_ring_t *r = fp_board_ring(self._b, slot, TASKS)
-        cdef fp_slot_t *w = fp_board_slot(self._b, slot)
-        cdef fp_rec_t *rec
-        cdef uint64_t nxt
-        cdef int rc = fp_ring_peek(r, &rec, &nxt)
-        cdef int64_t t = _ns(timeout_s), sp = _ns(spin_s)
-        if rc == FP_AGAIN:
-            with nogil:
-                fp_ring_wait_data(r, NULL, t, sp)
-            rc = fp_ring_peek(r, &rec, &nxt)
-            if rc == FP_AGAIN:
-                return None
-        _check(rc, "pop task")
-        payload = PyBytes_FromStringAndSize(<char *>rec + sizeof(fp_rec_t), rec.len)
-        kind, task_id = rec.kind, rec.task_id
-        if kind < 16:  # task kinds; control records are not tasks
-            fp_store64_release(&w.current, rec.task_id)
-        fp_ring_release(r, nxt)
-        return (kind, task_id, payload)
+    cdef void release_task(self, int slot, uint64_t nxt) noexcept:
+        fp_ringv_release(fp_boardv_tasks(self._v, slot), nxt)
 
-    def push_result(self, int slot, uint32_t kind, uint64_t task_id, uint64_t aux, bytes payload,
-                    double timeout_s=3600.0):
+    cdef void finish(self, int slot, bint ran) noexcept:
+        fp_slot_finish(fp_boardv_slot(self._v, slot), ran)
+
+    cdef int put_result(self, int slot, uint32_t kind, uint64_t task_id, uint64_t aux,
+                        const char *p, Py_ssize_t n, int64_t timeout_ns) except -1:
         """Publishes a result, waiting (GIL released) while the ring is full.
 
-        Returns False if no room appeared within timeout_s."""
-        self._ok(slot)
-        cdef fp_ring_t *r = fp_board_ring(self._b, slot, RESULTS)
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
-        cdef const char *src = PyBytes_AS_STRING(payload)
-        cdef int64_t deadline = fp_now_ns() + _ns(timeout_s)
+        1 when published, 0 if no room appeared within timeout_ns; raises for a
+        record over the ring limit."""
+        cdef fp_ringv_t *r = fp_boardv_results(self._v, slot)
+        cdef int64_t deadline = fp_now_ns() + timeout_ns
         cdef uint64_t seen
         cdef int rc
         while True:
-            seen = fp_load64_acquire(&r.head)
-            rc = fp_ring_push(r, kind, task_id, aux, src, n)
+            seen = fp_ringv_head(r)
+            rc = fp_ringv_push2(r, kind, task_id, aux, p, n, NULL, 0, 0)
             if rc != FP_AGAIN:
                 break
             if fp_now_ns() >= deadline:
-                return False
+                return 0
             with nogil:
-                fp_ring_wait_space(r, seen, 50000000)
+                fp_ringv_wait_space(r, seen, 50000000)
         if rc == FP_TOOBIG:
-            raise errors.SerializationError(
-                f"the result of task {task_id}", f"its pickle is {n} bytes, over the ring limit "
-                f"of {self.max_record} bytes; return large arrays through a shared array")
-        _check(rc, "push result")
-        fp_board_notify_parent(self._b)
-        return True
+            raise ring_limit_error(f"the result of task {task_id}", n, self.max_record,
+                                   "return large arrays through a shared array (pool.empty) instead")
+        check(rc, "push result")
+        fp_board_notify_parent(fp_boardv_board(self._v))
+        return 1
+
+    def pop_task(self, int slot, double timeout_s, double spin_s=0.0):
+        """The next task record as (kind, task_id, payload), or None after timeout_s.
+
+        The worker's control path (its K_INIT record); the serving loop in
+        _serve uses next_task and start_task directly."""
+        self._ok(slot)
+        cdef fp_recv_t rec
+        cdef int rc
+        cdef int64_t t = _ns(timeout_s), sp = _ns(spin_s)
+        with nogil:
+            rc = self.next_task(slot, &rec, t, sp)
+        if rc == FP_AGAIN:
+            return None
+        check(rc, "pop task")
+        payload = PyBytes_FromStringAndSize(<const char *>rec.payload, rec.len)
+        if rec.kind < FP_K_TASK_LIMIT:
+            self.start_task(slot, rec.task_id)
+        self.release_task(slot, rec.next)
+        return (rec.kind, rec.task_id, payload)
 
     def set_state(self, int slot, uint32_t state, uint32_t pid=0):
         self._ok(slot)
-        cdef fp_slot_t *w = fp_board_slot(self._b, slot)
-        if pid:
-            fp_store32_release(&w.pid, pid)
-        fp_store32_release(&w.state, state)
+        fp_slot_set_state(fp_boardv_slot(self._v, slot), state, pid)
 
     def beat(self, int slot):
-        if self._b != NULL:
-            fp_add64_relaxed(&fp_board_slot(self._b, slot).heartbeat, 1)
-
-    def finish_task(self, int slot):
-        """The worker is idle again: current = 0, served += 1."""
-        self._ok(slot)
-        cdef fp_slot_t *w = fp_board_slot(self._b, slot)
-        fp_add64_relaxed(&w.served, 1)
-        fp_store64_release(&w.current, 0)
+        if self._base != NULL:
+            fp_slot_beat(fp_boardv_slot(self._v, slot))
 
     def cancel_requested(self, int slot):
         """True if the parent asked to cancel the task this slot is running."""
-        if self._b == NULL:
-            return False
-        cdef fp_slot_t *w = fp_board_slot(self._b, slot)
-        cdef uint64_t c = fp_load64_acquire(&w.cancel_id)
-        return c != 0 and c == fp_load64_acquire(&w.current)
+        return self._base != NULL and fp_slot_cancel_requested(fp_boardv_slot(self._v, slot)) != 0
+
+    def push_result(self, int slot, uint32_t kind, uint64_t task_id, uint64_t aux, bytes payload,
+                    double timeout_s=3600.0):
+        """Python-level put_result: True when published."""
+        self._ok(slot)
+        return self.put_result(slot, kind, task_id, aux, PyBytes_AS_STRING(payload),
+                               PyBytes_GET_SIZE(payload), _ns(timeout_s)) == 1
 
 
 def now_ns():

@@ -128,7 +128,7 @@ def test_recycling_by_leak_threshold_between_tasks():
 def test_dispatch_pauses_under_memory_pressure_and_resumes():
     with fastpool.Pool(1, min_available_memory="1GiB", memory_interval_s=0.02) as p:
         assert p.submit(_faulty.double, 1).result(timeout=30) == 2
-        p._available_memory = lambda: 100 * 2**20  # simulated: 100 MiB left
+        p._settings["available_memory"] = lambda: 100 * 2**20  # simulated: 100 MiB left
         end = time.monotonic() + 10
         while time.monotonic() < end and not p.stats()["dispatch_paused"]:
             time.sleep(0.01)
@@ -136,7 +136,7 @@ def test_dispatch_pauses_under_memory_pressure_and_resumes():
         fut = p.submit(_faulty.double, 21)
         time.sleep(0.3)
         assert not fut.done()  # held back, not lost
-        p._available_memory = lambda: 8 * 2**30
+        p._settings["available_memory"] = lambda: 8 * 2**30
         assert fut.result(timeout=30) == 42
         assert not p.stats()["dispatch_paused"] and p.stats()["paused"] == 1
 

@@ -20,7 +20,7 @@ import _tasks
 import fastpool
 from conftest import make_pool
 from fastpool import _template
-from fastpool import pool as pool_module
+from fastpool import _supervisor
 
 RESULT_S = 30
 PID_DELAY_S = 0.3
@@ -45,13 +45,13 @@ def kills(monkeypatch: pytest.MonkeyPatch) -> Iterator[list]:
     """Every SIGKILL the pool decides on, as (slot, reason).  Spied on, because a
     killed worker's exit status goes to the template, not to this process."""
     seen: list = []
-    real_kill = pool_module.Pool._kill
+    real_kill = _supervisor.Supervisor.kill
 
     def spy(self: Any, slot: Any, reason: Any) -> None:
         seen.append((slot.id, reason))
         real_kill(self, slot, reason)
 
-    monkeypatch.setattr(pool_module.Pool, "_kill", spy)
+    monkeypatch.setattr(_supervisor.Supervisor, "kill", spy)
     yield seen
 
 

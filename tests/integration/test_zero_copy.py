@@ -21,7 +21,7 @@ RESULT_S = 60
 
 
 def _call_size(pool: fastpool.Pool, *args) -> int:
-    return len(_codec.encode_call(_codec.function_bytes(_arrays.total), args, {}, pool._arena, []))
+    return len(_codec.function_bytes(_arrays.total)) + len(_codec.encode_args(args, args, {}, pool._arena, []))
 
 
 def test_a_worker_writes_into_a_shared_output_and_the_parent_sees_it(pool):
@@ -202,7 +202,7 @@ def test_transfer_refuses_what_is_not_shared(pool, bad):
 def test_shared_initargs_reach_every_worker_by_descriptor():
     data = np.arange(4 << 20, dtype=np.float64)  # 32 MiB: over the ring's record limit inline
     with make_pool(2, initializer=_arrays.store, initargs=(data,)) as p:
-        assert len(p._init_payload) < 2048
+        assert len(p._sup.init_payload) < 2048
         infos = [p.submit(_arrays.stored_info).result(timeout=RESULT_S) for _ in range(4)]
         assert all(i["shared"] for i in infos)
         assert p.submit(_arrays.stored_sum).result(timeout=RESULT_S) == float(data.sum())

@@ -1,8 +1,10 @@
 /* Claims about one fp_ring shared by two processes: a producer child and a
- * consumer child on a MAP_SHARED board, each parking on the ring's
- * eventcounts (fp_ring_wait_space / fp_ring_wait_data).  Every record arrives
- * once, in order, intact; a producer SIGKILLed mid-stream leaves only whole
- * records behind, and the parent can reset the ring and use it again. */
+ * consumer child on a MAP_SHARED board, each attaching as a worker does
+ * (fp_board_check, then its own fp_ringv_t view of the ring) and parking on
+ * the ring's eventcounts (fp_ringv_wait_space / fp_ringv_wait_data).  Every
+ * record arrives once, in order, intact; a producer SIGKILLed mid-stream
+ * leaves only whole records behind, and the parent can reset the ring and use
+ * it again. */
 #include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -56,7 +58,28 @@ static void teardown(void)
     munmap(ctl, sizeof(ctl_t));
 }
 
-static fp_ring_t *ring(void) { return fp_board_ring(board, 0, 0); }
+static fp_ring_t *ring(void) { return fp_board_ring_at(board, 1, CAP, 0, 0); }
+
+/* A child's view of the ring, from the geometry its own attach check read
+ * (never the parent's constant): producer 1 for the producer's view. */
+static void attach(fp_ringv_t *v, int producer)
+{
+    uint32_t nslots = 0;
+    uint64_t cap = 0;
+    CHECK_EQ(fp_board_check(board, board_bytes, &nslots, &cap), FP_OK);
+    CHECK_EQ(nslots, 1);
+    CHECK_EQ(cap, CAP);
+    CHECK_EQ(fp_ringv_init(v, fp_board_ring_at(board, nslots, cap, 0, 0), cap, producer), FP_OK);
+}
+
+/* The parent's own consumer view, taken when no child runs: from the
+ * position the last consumer published. */
+static fp_ringv_t parent_view(void)
+{
+    fp_ringv_t v;
+    CHECK_EQ(fp_ringv_init(&v, ring(), CAP, 0), FP_OK);
+    return v;
+}
 
 static uint64_t splitmix64(uint64_t x)
 {
@@ -106,26 +129,27 @@ static void child_prologue(void)
 static void run_producer(uint64_t n)
 {
     child_prologue();
-    fp_ring_t *r = ring();
-    uint64_t max = fp_ring_max_record(r);
+    fp_ringv_t v;
+    attach(&v, 1);
+    uint64_t max = v.max_record;
     int64_t deadline = fp_now_ns() + RUN_DEADLINE_NS;
     for (uint64_t seq = 0; seq < n; seq++) {
         uint64_t len = len_of(seq, max);
         for (;;) {
-            uint64_t seen = fp_load64_acquire(&r->head); /* before the reserve: no wake-up is missed */
+            uint64_t seen = fp_load64_acquire(&v.hdr->head); /* before the reserve: no wake-up is missed */
             fp_resv_t res;
             unsigned char *p = NULL;
-            int rc = fp_ring_reserve(r, len, &res, &p);
+            int rc = fp_ringv_reserve(&v, len, &res, &p);
             if (rc == FP_OK) {
                 fill(p, len, seq);
-                fp_ring_commit(r, &res, KIND, seq, checksum(p, len, seq));
+                fp_ringv_commit(&v, &res, KIND, seq, checksum(p, len, seq), 1);
                 fp_store64_release(&ctl->published, seq + 1);
                 break;
             }
             CHECK_EQ(rc, FP_AGAIN);
             fp_add64_relaxed(&ctl->producer_parks, 1);
             int64_t t0 = fp_now_ns();
-            if (!fp_ring_wait_space(r, seen, PARK_NS) && fp_now_ns() - t0 >= PARK_NS)
+            if (!fp_ringv_wait_space(&v, seen, PARK_NS) && fp_now_ns() - t0 >= PARK_NS)
                 fp_add64_relaxed(&ctl->producer_timeouts, 1);
             CHECKF(fp_now_ns() < deadline, "producer stuck at record %llu", (unsigned long long)seq);
         }
@@ -133,14 +157,13 @@ static void run_producer(uint64_t n)
     _exit(0);
 }
 
-static void verify(const fp_rec_t *rec, uint64_t expect, uint64_t max)
+static void verify(const fp_recv_t *rec, uint64_t expect, uint64_t max)
 {
     CHECKF(rec->task_id == expect, "got record %llu, expected %llu", (unsigned long long)rec->task_id,
            (unsigned long long)expect);
     CHECK_EQ(rec->kind, KIND);
     CHECK_EQ(rec->len, len_of(expect, max));
-    CHECKF(checksum((const unsigned char *)(rec + 1), rec->len, expect) == rec->aux, "record %llu damaged",
-           (unsigned long long)expect);
+    CHECKF(checksum(rec->payload, rec->len, expect) == rec->aux, "record %llu damaged", (unsigned long long)expect);
 }
 
 /* Consumes until n records (n > 0), or, with n == 0, until the parent says
@@ -148,18 +171,18 @@ static void verify(const fp_rec_t *rec, uint64_t expect, uint64_t max)
 static void run_consumer(uint64_t n)
 {
     child_prologue();
-    fp_ring_t *r = ring();
-    uint64_t max = fp_ring_max_record(r), expect = 0;
+    fp_ringv_t v;
+    attach(&v, 0);
+    uint64_t max = v.max_record, expect = 0;
     int64_t deadline = fp_now_ns() + (n ? RUN_DEADLINE_NS : 10000 * MS);
     for (;;) {
         if (n && expect == n)
             break;
-        fp_rec_t *rec = NULL;
-        uint64_t next = 0;
-        int rc = fp_ring_peek(r, &rec, &next);
+        fp_recv_t rec;
+        int rc = fp_ringv_peek(&v, &rec);
         if (rc == FP_OK) {
-            verify(rec, expect, max);
-            fp_ring_release(r, next);
+            verify(&rec, expect, max);
+            fp_ringv_release(&v, rec.next);
             expect++;
             fp_store64_release(&ctl->consumed, expect);
             if (fp_load32_relaxed(&ctl->slow_consumer) && expect % 64 == 0)
@@ -169,7 +192,7 @@ static void run_consumer(uint64_t n)
         CHECK_EQ(rc, FP_AGAIN);
         if (!n && fp_load32_acquire(&ctl->producer_dead)) {
             /* the producer is reaped: whatever it published is visible now */
-            if (fp_ring_peek(r, &rec, &next) == FP_AGAIN)
+            if (fp_ringv_peek(&v, &rec) == FP_AGAIN)
                 break;
             continue;
         }
@@ -179,16 +202,15 @@ static void run_consumer(uint64_t n)
             /* a 0 before the timeout is a stale notify (one meant for the
              * previous wait); only a wait that ran out counts */
             int64_t t0 = fp_now_ns();
-            if (!fp_ring_wait_data(r, NULL, PARK_NS, 0) && fp_now_ns() - t0 >= PARK_NS)
+            if (!fp_ringv_wait_data(&v, NULL, PARK_NS, 0) && fp_now_ns() - t0 >= PARK_NS)
                 fp_add64_relaxed(&ctl->consumer_timeouts, 1);
         } else {
-            fp_ring_wait_data(r, &ctl->producer_dead, 20 * MS, 0); /* short: the producer may be dead */
+            fp_ringv_wait_data(&v, &ctl->producer_dead, 20 * MS, 0); /* short: the producer may be dead */
         }
     }
     if (n) { /* and nothing beyond the last record */
-        fp_rec_t *rec = NULL;
-        uint64_t next = 0;
-        CHECK_EQ(fp_ring_peek(r, &rec, &next), FP_AGAIN);
+        fp_recv_t rec;
+        CHECK_EQ(fp_ringv_peek(&v, &rec), FP_AGAIN);
     }
     _exit(0);
 }
@@ -249,7 +271,9 @@ static void stream(uint64_t n)
     CHECK_EQ(fp_load64_acquire(&ctl->published), n);
     CHECK_EQ(fp_load64_acquire(&ctl->producer_timeouts), 0);
     CHECK_EQ(fp_load64_acquire(&ctl->consumer_timeouts), 0);
-    CHECK(fp_ring_empty(ring()));
+    fp_ringv_t v = parent_view();
+    CHECK(fp_ringv_empty(&v));
+    CHECK_EQ(fp_load64_acquire(&ring()->head), fp_load64_acquire(&ring()->tail));
     CHECK_EQ(fp_load32_relaxed(&ring()->data.waiters), 0);
     CHECK_EQ(fp_load32_relaxed(&ring()->space.waiters), 0);
 }
@@ -286,14 +310,16 @@ TEST(killed_producer_leaves_whole_records_and_the_ring_is_reusable)
         uint64_t published = fp_load64_acquire(&ctl->published), consumed = fp_load64_acquire(&ctl->consumed);
         CHECKF(consumed == published || consumed == published + 1, "iteration %d: published %llu consumed %llu",
                iter, (unsigned long long)published, (unsigned long long)consumed);
-        fp_rec_t *rec = NULL;
-        uint64_t next = 0;
-        CHECK_EQ(fp_ring_peek(ring(), &rec, &next), FP_AGAIN);
+        fp_ringv_t v = parent_view();
+        fp_recv_t rec;
+        CHECK_EQ(fp_ringv_peek(&v, &rec), FP_AGAIN);
         total += consumed;
         parked_at_kill += fp_load32_relaxed(&ring()->space.waiters) != 0;
         /* neither side runs now: start the ring over for the next pair */
-        fp_ring_reset(ring());
-        CHECK(fp_ring_empty(ring()));
+        fp_ringv_reset(&v);
+        CHECK(fp_ringv_empty(&v));
+        CHECK_EQ(fp_load64_acquire(&ring()->head), 0);
+        CHECK_EQ(fp_load64_acquire(&ring()->tail), 0);
         CHECK_EQ(fp_load32_relaxed(&ring()->data.waiters), 0);
         CHECK_EQ(fp_load32_relaxed(&ring()->space.waiters), 0);
     }

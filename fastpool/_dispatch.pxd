@@ -1,0 +1,109 @@
+# The dispatcher's contract for other extensions: a task, a function entry,
+# and the Dispatcher's C-level state (the seed's four parts: FIFO queue, LIFO
+# idle stack, in-flight map, per-slot assignment map).
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from cpython.pythread cimport PyThread_type_lock
+
+from fastpool._core cimport Board
+
+
+cdef class Fn:
+    """A function as the pool sends it: an id per pool, its pickle, and for
+    each slot the generation of the worker that already holds it."""
+    cdef readonly uint32_t id
+    cdef readonly bytes data
+    cdef readonly str name
+    cdef uint32_t *known
+
+
+cdef class Task:
+    cdef readonly uint64_t id
+    cdef public uint32_t attempt       # 0, then 1 after a crash retry: part of the wire id
+    cdef readonly uint32_t kind
+    cdef readonly object future
+    cdef readonly Fn fn
+    cdef readonly bytes args           # the pickled arguments (the payload after the function)
+    cdef readonly object options       # _policy.TaskOptions or None
+    cdef public object keep            # shared blocks the call names, pinned until it settles
+    cdef public bint transferred       # the call carried fastpool.transfer()ed buffers
+    cdef readonly Py_ssize_t items     # map items in a chunk (0 for a call)
+    cdef readonly int slot             # -1 while queued
+    cdef readonly int64_t t_submit
+    cdef readonly int64_t t_dispatch
+    cdef readonly int64_t run_ns
+    cdef public bint cancel_requested
+    cdef bint settled
+    cdef uint32_t _rkind
+    cdef object _payload
+
+
+cdef class Dispatcher:
+    cdef Board board
+    cdef readonly int nslots
+    cdef PyThread_type_lock _lock      # the dispatch state below; never held while Python code may block
+    cdef PyThread_type_lock _drive     # one consumer of the result rings at a time
+    cdef unsigned long _driver         # thread ident of the holder of _drive, 0 if none
+    cdef object _queue                 # deque[Task]: FIFO
+    cdef int *_idle                    # LIFO stack of slots
+    cdef int _nidle
+    cdef char *_in_idle
+    cdef dict _inflight                # task id -> Task: accepted and not settled
+    cdef list _assigned                # per slot: deque[Task] pushed to its ring, in ring order
+    cdef char *_ready                  # the worker said READY and takes tasks
+    cdef char *_accepting              # not retiring
+    cdef char *_answered               # replied to a task since its spawn
+    cdef char *_corrupt                # its rings broke their format: read nothing more
+    cdef uint32_t *_gen                # spawn generation per slot (Fn.known)
+    cdef uint64_t *_served             # tasks answered since spawn
+    cdef uint64_t *_skip_seq           # cancel-before-start requests sent, per slot
+    cdef readonly Py_ssize_t max_queue
+    cdef bint _reject
+    cdef double _queue_timeout
+    cdef uint64_t _max_tasks
+    cdef readonly int depth            # prefetch: tasks a worker may hold
+    cdef double _ewma_run_ns
+    cdef bint _closed
+    cdef bint _paused
+    cdef bint _circuit_open
+    cdef readonly bint torn_down
+    cdef dict _fns_by_obj              # by-reference functions -> Fn
+    cdef dict _fns_by_data             # pickle -> Fn
+    cdef uint32_t _next_fn
+    cdef char *_flush                  # per slot: tell the worker to forget its functions
+    cdef object _arena
+    cdef object _hooks
+    cdef object _fcond                 # the futures' shared condition (an RLock inside)
+    cdef object _flock                 # its lock
+    cdef object _progress              # Condition: a driver settled something
+    cdef list _pending                 # hook events seen under the lock, run after it
+    cdef int _fg_waiting
+    cdef int64_t _last_fg
+    cdef int _next_poll
+    cdef long long *_counts
+    cdef int64_t *_wait_samples
+    cdef int64_t *_run_samples
+    cdef uint64_t _nsamples
+
+    cdef int _acquire(self) except -1
+    cdef int _collect_if_free(self) except -1
+    cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items)
+    cdef int _drop_locked(self, Task task) except -1
+    cdef int _mark_corrupt(self, int s, str what) except -1
+    cdef int _sample(self, Task task, int64_t run_ns) except -1
+    cdef int _count_decode_failure(self, Task task) except -1
+    cdef int _run_events(self) except -1
+    cdef bint _ok(self, object fut, object pred) except -1
+    cdef object _drive_until(self, object fut, object pred, object timeout)
+    cdef void _release(self) noexcept
+    cdef Fn _fn(self, object fn)
+    cdef object _enqueue(self, Task task)
+    cdef int _pick(self) except -2
+    cdef bint _accepts(self, int s) except -1
+    cdef void _to_idle(self, int s) noexcept
+    cdef int _push(self, int s, Task task) noexcept
+    cdef int _dispatch_locked(self) except -1
+    cdef int _read_slot(self, int s, list settle, list events, Py_ssize_t budget) except -1
+    cdef int _settle(self, Task task) except -1
+    cdef int _finish(self, Task task, object value, object exc, bint cancelled) except -1
+    cdef int collect(self) except -1
+    cdef bint _drive_held(self, object fut, object pred, double deadline) except -1
