@@ -1,43 +1,24 @@
-# The dispatcher's contract for other extensions: a task, a function entry,
-# and the Dispatcher's C-level state (the seed's four parts: FIFO queue, LIFO
+# The dispatcher's contract for other extensions (_control extends it): the
+# Dispatch class's C-level state (the seed's four parts: FIFO queue, LIFO
 # idle stack, in-flight map, per-slot assignment map).
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from cpython.pythread cimport PyThread_type_lock
 
 from fastpool._core cimport Board
+from fastpool._task cimport Fn, Task
 
 
-cdef class Fn:
-    """A function as the pool sends it: an id per pool, its pickle, and for
-    each slot the generation of the worker that already holds it."""
-    cdef readonly uint32_t id
-    cdef readonly bytes data
-    cdef readonly str name
-    cdef uint32_t *known
+cdef enum:
+    SAMPLES = 8192              # latency samples kept (a ring)
+
+# Counters: the dispatcher's own events (supervision keeps its own); names in COUNTER_NAMES.
+cdef enum:
+    C_SUBMITTED, C_COMPLETED, C_FAILED, C_CANCELLED
+    C_CHUNKS, C_CHUNKS_COMPLETED, C_CHUNKS_FAILED, C_CHUNKS_CANCELLED, C_ITEMS
+    C_UNKNOWN, C_BAD_RESULTS, C_RETRIED, COUNTER_COUNT
 
 
-cdef class Task:
-    cdef readonly uint64_t id
-    cdef public uint32_t attempt       # 0, then 1 after a crash retry: part of the wire id
-    cdef readonly uint32_t kind
-    cdef readonly object future
-    cdef readonly Fn fn
-    cdef readonly bytes args           # the pickled arguments (the payload after the function)
-    cdef readonly object options       # _policy.TaskOptions or None
-    cdef public object keep            # shared blocks the call names, pinned until it settles
-    cdef public bint transferred       # the call carried fastpool.transfer()ed buffers
-    cdef readonly Py_ssize_t items     # map items in a chunk (0 for a call)
-    cdef readonly int slot             # -1 while queued
-    cdef readonly int64_t t_submit
-    cdef readonly int64_t t_dispatch
-    cdef readonly int64_t run_ns
-    cdef public bint cancel_requested
-    cdef bint settled
-    cdef uint32_t _rkind
-    cdef object _payload
-
-
-cdef class Dispatcher:
+cdef class Dispatch:
     cdef Board board
     cdef readonly int nslots
     cdef PyThread_type_lock _lock      # the dispatch state below; never held while Python code may block

@@ -29,8 +29,6 @@ import logging
 import pickle
 import threading
 from collections import deque
-from concurrent.futures import CancelledError, Future
-from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures import _base
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -55,21 +53,18 @@ from fastpool._core cimport (
     FP_R_OK, FP_R_READY, FP_R_SKIPPED, Board, fp_aux_call, fp_now_ns, fp_recv_t,
 )
 from fastpool._sys cimport FP_AGAIN, FP_CORRUPT, FP_OK, FP_TOOBIG
+from fastpool._task cimport Fn, Task, is_done, new_future, notify_cancelled, settle_future, wire_of
 
 log = logging.getLogger("fastpool")
 
 cdef object _PENDING = _base.PENDING
 cdef object _RUNNING = _base.RUNNING
-cdef object _CANCELLED = _base.CANCELLED
-cdef object _CANCELLED_NOTIFIED = _base.CANCELLED_AND_NOTIFIED
-cdef object _FINISHED = _base.FINISHED
 cdef object _loads = pickle.loads
 cdef object _dumps = pickle.dumps
 cdef object _TRANSFERRED = _codec.TRANSFERRED
 cdef bytes _EMPTY = b""
 
 DEF MAX_PREFETCH = 16
-DEF SAMPLES = 8192          # latency samples kept (a ring)
 DEF READ_BUDGET = 256       # records per slot per collect round: one busy worker cannot starve the rest
 DEF FN_REGISTRY_MAX = 4096  # distinct functions before the registry (and every worker's cache) resets
 
@@ -94,153 +89,6 @@ COUNTER_NAMES = (
     "chunks", "chunks_completed", "chunks_failed", "chunks_cancelled", "items",
     "unknown_replies", "bad_results", "retried",
 )
-cdef enum:
-    C_SUBMITTED, C_COMPLETED, C_FAILED, C_CANCELLED
-    C_CHUNKS, C_CHUNKS_COMPLETED, C_CHUNKS_FAILED, C_CHUNKS_CANCELLED, C_ITEMS
-    C_UNKNOWN, C_BAD_RESULTS, C_RETRIED, NCOUNTS
-
-
-cdef inline bint _is_done(object fut):
-    s = fut._state
-    return s is _FINISHED or s is _CANCELLED_NOTIFIED or s is _CANCELLED
-
-
-cdef inline uint64_t _wire(Task t) noexcept:
-    return (t.id << 3) | t.attempt
-
-
-class PoolFuture(Future):
-    """A ``concurrent.futures.Future`` whose ``result()`` drives the pool itself.
-
-    The thread that waits polls the result rings and settles what it finds,
-    its own future included, instead of sleeping until another thread hands
-    the result over.  Every other method is ``Future``'s: it works with
-    ``concurrent.futures.wait``, ``as_completed`` and ``asyncio.wrap_future``.
-    The futures of one pool share one lock (an RLock), so making one costs no
-    ``Condition``.
-    """
-
-    __slots__ = ("_condition", "_state", "_result", "_exception", "_w", "_cb", "_task", "_disp")
-
-    # The two lists every Future carries are made on first use: most futures never
-    # get a waiter or a callback, and each list is one more object for the GC.
-    @property
-    def _waiters(self):
-        w = self._w
-        if w is None:
-            w = self._w = []
-        return w
-
-    @property
-    def _done_callbacks(self):
-        cb = self._cb
-        if cb is None:
-            cb = self._cb = []
-        return cb
-
-    def __init__(self):
-        raise TypeError("PoolFuture is made by its pool; submit() returns one")
-
-    def done(self):
-        """True if the future settled (result, exception or cancelled).  Thread-safe."""
-        return _is_done(self)
-
-    def result(self, timeout=None):
-        """The task's result, driving the pool until it settles or ``timeout`` passes.
-
-        Raises the task's exception, ``CancelledError`` if it was cancelled,
-        ``TimeoutError`` if it did not settle in time.  Thread-safe."""
-        if not _is_done(self):
-            (<Dispatcher>self._disp).wait(self, timeout)
-        state = self._state
-        if state is _FINISHED:
-            exc = self._exception
-            if exc is None:
-                return self._result
-            try:
-                raise exc
-            finally:
-                exc = None
-        if state is _CANCELLED or state is _CANCELLED_NOTIFIED:
-            raise CancelledError()
-        raise FuturesTimeout()
-
-    def exception(self, timeout=None):
-        """The task's exception (None if it returned), driving the pool like ``result``."""
-        if not _is_done(self):
-            (<Dispatcher>self._disp).wait(self, timeout)
-        state = self._state
-        if state is _FINISHED:
-            return self._exception
-        if state is _CANCELLED or state is _CANCELLED_NOTIFIED:
-            raise CancelledError()
-        raise FuturesTimeout()
-
-    def cancel(self):
-        """Cancels a task that no worker holds yet; see ``Pool.cancel`` for the rest.
-
-        Returns False once a worker holds the task (it is RUNNING, as in
-        ``ProcessPoolExecutor``).  Thread-safe."""
-        if not Future.cancel(self):
-            return False
-        (<Dispatcher>self._disp).drop_cancelled(self._task)
-        return True
-
-
-cdef object _new_future(Dispatcher d, Task task):
-    cdef object fut = PoolFuture.__new__(PoolFuture)
-    fut._condition = d._fcond
-    fut._state = _PENDING
-    fut._result = None
-    fut._exception = None
-    fut._w = None
-    fut._cb = None
-    fut._task = task
-    fut._disp = d
-    return fut
-
-
-cdef class Fn:
-    def __dealloc__(self):
-        free(self.known)
-
-    def __repr__(self):
-        return f"<Fn {self.id} {self.name} ({len(self.data)} bytes)>"
-
-
-@cython.no_gc
-cdef class Task:
-    """One call or map chunk on its way through the pool (attempts included).
-
-    Not tracked by the GC (one object fewer per task for every collection to
-    walk): the only cycle, future -> task -> future, is broken when it settles."""
-
-    @property
-    def wire(self):
-        """The id its records carry: the task id and the attempt, so a late reply
-        to an earlier attempt never settles a later one."""
-        return _wire(self)
-
-    @property
-    def fn_name(self):
-        return self.fn.name
-
-    @property
-    def done(self):
-        return self.settled
-
-    def decode_call(self):
-        """(fn, args, kwargs) rebuilt from what was sent (inline fallback, crash records)."""
-        fn = _codec.loads(self.fn.data)
-        if self.kind == FP_K_CALL:
-            return fn, (_loads(self.args) if self.args else ()), {}
-        if self.kind == FP_K_CALLKW:
-            args, kwargs = _loads(self.args)
-            return fn, args, kwargs
-        return fn, (_loads(self.args), self.kind == FP_K_STARCHUNK), {}
-
-    def __repr__(self):
-        return f"<Task {self.id}.{self.attempt} {self.fn.name} slot {self.slot}>"
 
 
 cdef inline bint _atomic(object x):
@@ -250,10 +98,10 @@ cdef inline bint _atomic(object x):
 
 cdef class _QueueBelow:
     """A drive predicate: the queue has drained to a low-water mark (or the pool closed)."""
-    cdef Dispatcher d
+    cdef Dispatch d
     cdef Py_ssize_t low
 
-    def __cinit__(self, Dispatcher d, Py_ssize_t low):
+    def __cinit__(self, Dispatch d, Py_ssize_t low):
         self.d = d
         self.low = low
 
@@ -261,7 +109,7 @@ cdef class _QueueBelow:
         return len(self.d._queue) <= self.low or self.d._closed
 
 
-cdef class Dispatcher:
+cdef class Dispatch:
     """The pool's queue, idle stack, in-flight and assignment maps, and the
     submit and completion paths between them (see the module docstring).
 
@@ -284,7 +132,7 @@ cdef class Dispatcher:
         self._gen = <uint32_t *>calloc(nslots, sizeof(uint32_t))
         self._served = <uint64_t *>calloc(nslots, sizeof(uint64_t))
         self._skip_seq = <uint64_t *>calloc(nslots, sizeof(uint64_t))
-        self._counts = <long long *>calloc(NCOUNTS, sizeof(long long))
+        self._counts = <long long *>calloc(COUNTER_COUNT, sizeof(long long))
         self._wait_samples = <int64_t *>calloc(SAMPLES, sizeof(int64_t))
         self._run_samples = <int64_t *>calloc(SAMPLES, sizeof(int64_t))
         if (self._lock == NULL or self._drive == NULL or self._idle == NULL or self._in_idle == NULL
@@ -444,7 +292,7 @@ cdef class Dispatcher:
         task.items = items
         task.slot = -1
         task.t_submit = fp_now_ns()
-        fut = _new_future(self, task)
+        fut = new_future(self, self._fcond, task)
         task.future = fut
         self._enqueue(task)
         self._last_fg = task.t_submit
@@ -548,7 +396,7 @@ cdef class Dispatcher:
         cdef bint send_fn = f.known[s] != self._gen[s]
         cdef Py_ssize_t flen = PyBytes_GET_SIZE(f.data) if send_fn else 0
         cdef uint64_t aux = fp_aux_call(f.id, flen, self._flush[s])
-        cdef int rc = self.board.push_task(s, task.kind, _wire(task), aux,
+        cdef int rc = self.board.push_task(s, task.kind, wire_of(task), aux,
                                            PyBytes_AS_STRING(f.data), flen,
                                            PyBytes_AS_STRING(task.args), PyBytes_GET_SIZE(task.args))
         if rc == FP_OK:
@@ -576,11 +424,7 @@ cdef class Dispatcher:
                     if fut._state is _PENDING:
                         fut._state = _RUNNING
                     else:  # cancelled while queued: tell as_completed/wait now
-                        if fut._state is _CANCELLED:
-                            fut._state = _CANCELLED_NOTIFIED
-                            if fut._w:
-                                for w in fut._w:
-                                    w.add_cancelled(fut)
+                        notify_cancelled(fut)
                         self._drop_locked(task)
                         self._to_idle(s)
                         continue
@@ -682,11 +526,11 @@ cdef class Dispatcher:
             task = None
             if q:
                 t = q[0]
-                if _wire(t) == wire:
+                if wire_of(t) == wire:
                     task = q.popleft()
                 else:
                     for t in q:
-                        if _wire(t) == wire:
+                        if wire_of(t) == wire:
                             task = t
                             break
                     if task is not None:
@@ -707,8 +551,8 @@ cdef class Dispatcher:
                 elif self._ready[s]:
                     events.append(("retire", s, 0))
             self._inflight.pop(task.id, None)
-            task._rkind = kind
-            task._payload = payload
+            task.rkind = kind
+            task.payload = payload
             task.run_ns = rec.aux
             if kind == FP_R_SKIPPED or task.cancel_requested:
                 self._counts[C_CHUNKS_CANCELLED if task.items else C_CANCELLED] += 1
@@ -740,9 +584,9 @@ cdef class Dispatcher:
         return 0
 
     cdef int _settle(self, Task task) except -1:
-        cdef uint32_t kind = task._rkind
-        payload = task._payload
-        task._payload = None
+        cdef uint32_t kind = task.rkind
+        payload = task.payload
+        task.payload = None
         if kind == FP_R_SKIPPED or task.cancel_requested:
             return self._finish(task, None, None, True)
         if kind == FP_R_OK:
@@ -781,51 +625,7 @@ cdef class Dispatcher:
         return 0
 
     cdef int _finish(self, Task task, object value, object exc, bint cancelled) except -1:
-        """Settles the future: the state under the futures' lock, waiters told,
-        then the done-callbacks with no lock held."""
-        cdef bint callbacks = True
-        if task.settled:
-            return 0
-        task.settled = True
-        task.keep = None  # the call's shared blocks may go now
-        fut = task.future
-        task.future = None  # Task is not GC-tracked: the future -> task -> future cycle ends here
-        self._flock.acquire()
-        try:
-            state = fut._state
-            if state is _FINISHED or state is _CANCELLED_NOTIFIED:
-                return 0
-            waiters = fut._w
-            if state is _CANCELLED:  # cancelled by its caller, whose cancel() ran the callbacks
-                fut._state = _CANCELLED_NOTIFIED
-                callbacks = False
-                if waiters:
-                    for w in waiters:
-                        w.add_cancelled(fut)
-            elif cancelled:
-                fut._state = _CANCELLED_NOTIFIED
-                if waiters:
-                    for w in waiters:
-                        w.add_cancelled(fut)
-            elif exc is not None:
-                fut._exception = exc
-                fut._state = _FINISHED
-                if waiters:
-                    for w in waiters:
-                        w.add_exception(fut)
-            else:
-                fut._result = value
-                fut._state = _FINISHED
-                if waiters:
-                    for w in waiters:
-                        w.add_result(fut)
-            if self._fcond._waiters:  # a thread in plain Future.result() on the condition
-                self._fcond.notify_all()
-        finally:
-            self._flock.release()
-        if callbacks and fut._cb:
-            fut._invoke_callbacks()
-        return 0
+        return settle_future(task, self._flock, self._fcond, value, exc, cancelled)
 
     cdef int _run_events(self) except -1:
         """Hooks for what the last locked section saw, called with no lock held."""
@@ -861,7 +661,7 @@ cdef class Dispatcher:
 
     cdef bint _ok(self, object fut, object pred) except -1:
         if fut is not None:
-            return _is_done(fut)
+            return is_done(fut)
         return bool(pred())
 
     cdef object _drive_until(self, object fut, object pred, object timeout):
@@ -966,307 +766,3 @@ cdef class Dispatcher:
 
     def unlock_drive(self):
         PyThread_release_lock(self._drive)
-
-    # ---- supervision's handles ---------------------------------------------------------
-
-    def slot_spawned(self, int s, bytes init_payload):
-        """A new worker is starting in slot s: its rings are emptied (under the lock,
-        so no reader is inside them), its K_INIT record queued, and nothing is
-        known about it yet."""
-        self._acquire()
-        try:
-            self.board.reset_slot(s)
-            if not self.board.push_control(s, FP_K_INIT, init_payload):
-                raise errors.SegmentCorrupt(f"slot {s}: a freshly reset task ring refused the K_INIT record")
-            self._gen[s] += 1
-            self._served[s] = 0
-            self._skip_seq[s] = 0
-            self._answered[s] = 0
-            self._corrupt[s] = 0
-            self._ready[s] = 0
-            self._accepting[s] = 1
-            self._flush[s] = 0
-        finally:
-            self._release()
-
-    def slot_stopping(self, int s):
-        """The worker in slot s takes nothing more (retired, stopped, killed)."""
-        self._acquire()
-        self._ready[s] = 0
-        self._release()
-
-    def set_accepting(self, int s, bint accepting):
-        """Retiring (False): no more tasks.  Returns True if the slot is idle now."""
-        self._acquire()
-        self._accepting[s] = accepting
-        idle = not self._assigned[s]
-        if accepting and idle:
-            self._to_idle(s)
-            self._dispatch_locked()
-        self._release()
-        self._run_events()
-        return idle
-
-    def slot_view(self, int s):
-        """(ready, accepting, served, assigned) for stats."""
-        return (bool(self._ready[s]), bool(self._accepting[s]), self._served[s], len(self._assigned[s]))
-
-    def drain_slot(self, int s):
-        """Reads every record left in slot s's result ring and settles them (a dead
-        worker's last results).  Only on the thread that holds the drive lock."""
-        if self._driver != PyThread_get_thread_ident():
-            raise RuntimeError("drain_slot needs the drive lock")
-        cdef list settle = []
-        self._acquire()
-        try:
-            if not self._corrupt[s]:
-                self._read_slot(s, settle, self._pending, -1)
-        finally:
-            self._release()
-        for task in settle:
-            self._settle(<Task>task)
-        self._run_events()
-
-    def take_slot(self, int s):
-        """Detaches every task slot s holds (in ring order) and takes the slot out
-        of dispatch.  The caller decides each task's fate."""
-        cdef int i, k = 0
-        self._acquire()
-        try:
-            q = self._assigned[s]
-            tasks = list(q)
-            q.clear()
-            self._ready[s] = 0
-            for i in range(self._nidle):
-                if self._idle[i] != s:
-                    self._idle[k] = self._idle[i]
-                    k += 1
-            self._nidle = k
-            self._in_idle[s] = 0
-        finally:
-            self._release()
-        for t in tasks:
-            (<Task>t).slot = -1
-        return tasks
-
-    def task_on(self, int s, uint64_t wire):
-        """The task slot s holds under this wire id, or None."""
-        if wire == 0:
-            return None
-        self._acquire()
-        try:
-            for t in self._assigned[s]:
-                if _wire(<Task>t) == wire:
-                    return t
-            return None
-        finally:
-            self._release()
-
-    def requeue(self, tasks):
-        """Puts tasks back at the front of the queue, in their order."""
-        self._acquire()
-        try:
-            for t in reversed(tasks):
-                (<Task>t).slot = -1
-                self._queue.appendleft(t)
-            self._dispatch_locked()
-        finally:
-            self._release()
-        self._run_events()
-
-    def retry(self, Task task):
-        """A crash retry: the next attempt, at the front of the queue."""
-        self._acquire()
-        task.attempt += 1
-        self._counts[C_RETRIED] += 1
-        self._release()
-        self.requeue([task])
-
-    def fail(self, Task task, exc):
-        """Settles task with exc (a crash verdict, a circuit, teardown)."""
-        self._acquire()
-        if self._inflight.pop(task.id, None) is not None:
-            self._counts[C_CHUNKS_FAILED if task.items else C_FAILED] += 1
-        self._release()
-        self._finish(task, None, exc, False)
-
-    def cancelled(self, Task task):
-        """Settles task as cancelled (its worker was killed to cancel it)."""
-        self._acquire()
-        if self._inflight.pop(task.id, None) is not None:
-            self._counts[C_CHUNKS_CANCELLED if task.items else C_CANCELLED] += 1
-        self._release()
-        self._finish(task, None, None, True)
-
-    def drop_cancelled(self, Task task):
-        """A future cancelled while queued: out of the queue now, waiters told."""
-        fut = task.future
-        if fut is None:
-            return
-        self._acquire()
-        try:
-            try:
-                self._queue.remove(task)
-            except ValueError:
-                return  # dispatch took it meanwhile; it tells the waiters
-            self._drop_locked(task)
-        finally:
-            self._release()
-        self._flock.acquire()
-        try:
-            if fut._state is _CANCELLED:
-                fut._state = _CANCELLED_NOTIFIED
-                if fut._w:
-                    for w in fut._w:
-                        w.add_cancelled(fut)
-        finally:
-            self._flock.release()
-
-    def cancel(self, fut, bint force):
-        """Pool.cancel, below the future's own cancel().  Returns (outcome, slot):
-        "done" (it had settled: the caller returns False), "cancelled" (dropped
-        before it ran: True), "flagged" (running; the cooperative flag is set:
-        True) or "kill" (running; the caller kills slot's worker: True)."""
-        cdef Task task = fut._task
-        cdef int s = -1
-        cdef bint dropped = False
-        self._acquire()
-        try:
-            if task.settled or _is_done(fut):
-                return "done", -1
-            task.cancel_requested = True
-            s = task.slot
-            if s < 0:
-                # Back in the queue after a crash (its future says RUNNING): drop it here.
-                try:
-                    self._queue.remove(task)
-                except ValueError:
-                    return "flagged", -1  # between a worker's death and its requeue
-                self._inflight.pop(task.id, None)
-                self._counts[C_CHUNKS_CANCELLED if task.items else C_CANCELLED] += 1
-                dropped = True
-            else:
-                # The worker checks its skip words before it starts a task (Dekker
-                # with fp_slot_start): either it sees this request, or we see it
-                # running.  A task that finished a moment ago settles as cancelled.
-                started = not self.board.skip_task(s, self._skip_seq[s], _wire(task))
-                self._skip_seq[s] += 1
-                if not started:
-                    return "cancelled", s
-                if force:
-                    return "kill", s
-                self.board.request_cancel(s, _wire(task))
-                return "flagged", s
-        finally:
-            self._release()
-        if dropped:
-            self._finish(task, None, None, True)
-        return "cancelled", -1
-
-    def set_paused(self, bint paused):
-        self._acquire()
-        self._paused = paused
-        if not paused:
-            self._dispatch_locked()
-        self._release()
-        self._run_events()
-
-    def set_circuit_open(self, bint is_open):
-        self._circuit_open = is_open
-
-    def take_queue(self):
-        """Empties the queue and returns its tasks (every breaker is open)."""
-        self._acquire()
-        try:
-            tasks = list(self._queue)
-            self._queue.clear()
-            return tasks
-        finally:
-            self._release()
-
-    def close(self):
-        """No new submits (PoolClosed)."""
-        self._closed = True
-
-    @property
-    def closed(self):
-        return self._closed
-
-    def cancel_queued(self):
-        """Cancels every task no worker holds (shutdown(cancel_futures=True))."""
-        self._acquire()
-        try:
-            tasks = list(self._queue)
-            self._queue.clear()
-            for t in tasks:
-                if self._inflight.pop((<Task>t).id, None) is not None:
-                    self._counts[C_CHUNKS_CANCELLED if (<Task>t).items else C_CANCELLED] += 1
-        finally:
-            self._release()
-        for t in tasks:
-            self._finish(<Task>t, None, None, True)
-        return len(tasks)
-
-    def settle_inline(self, Task task, value, exc):
-        """A task the calling process ran itself (fallback="inline")."""
-        self._acquire()
-        if self._inflight.pop(task.id, None) is not None:
-            if exc is None:
-                self._counts[C_COMPLETED] += 1
-            else:
-                self._counts[C_FAILED] += 1
-        self._release()
-        self._finish(task, value, exc, False)
-
-    def abandon(self, exc_factory):
-        """Teardown: every task not settled yet fails with exc_factory(task)."""
-        self._acquire()
-        try:
-            tasks = list(self._inflight.values())
-            self._inflight.clear()
-            self._queue.clear()
-            for q in self._assigned:
-                q.clear()
-        finally:
-            self._release()
-        for t in tasks:
-            self._finish(<Task>t, None, exc_factory(t), False)
-        return len(tasks)
-
-    def set_torn_down(self):
-        self.torn_down = True
-        self.board.kick()
-
-    def idle_and_closed(self):
-        """Closed and nothing in flight: the teardown may run."""
-        return self._closed and not self._inflight
-
-    @property
-    def inflight(self):
-        return len(self._inflight)
-
-    @property
-    def queued(self):
-        return len(self._queue)
-
-    def tasks(self):
-        """A snapshot of the tasks accepted and not settled."""
-        self._acquire()
-        try:
-            return list(self._inflight.values())
-        finally:
-            self._release()
-
-    def counts(self):
-        return {name: self._counts[i] for i, name in enumerate(COUNTER_NAMES)}
-
-    def samples(self):
-        """(queue waits, run times) in ns, the latest up to 8192 of each."""
-        cdef uint64_t n = min(self._nsamples, SAMPLES)
-        return ([self._wait_samples[i] for i in range(n)], [self._run_samples[i] for i in range(n)])
-
-    def functions(self):
-        """Functions registered so far (id order)."""
-        return sorted(self._fns_by_data.values(), key=lambda f: f.id)
-
-

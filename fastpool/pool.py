@@ -34,7 +34,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
-from fastpool import _arena, _call, _codec, _dispatch, _policy, _sizing, _template, errors, telemetry
+from fastpool import _arena, _call, _codec, _control, _dispatch, _policy, _sizing, _template, errors, telemetry
 from fastpool._call import ChunkFailure, TaskFunction
 from fastpool._core import Board, check_ring_bytes
 from fastpool._supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
@@ -237,7 +237,7 @@ class Pool(Executor):
                                        "pass large data as shared arrays (they travel by descriptor) or "
                                        "raise Pool(ring_bytes=...)")
             tel = telemetry.Telemetry()
-            disp = _dispatch.Dispatcher(board, workers, max_queue=max_queue, reject=on_full == "reject",
+            disp = _control.Dispatcher(board, workers, max_queue=max_queue, reject=on_full == "reject",
                                         queue_timeout=queue_timeout, max_tasks=max_tasks_per_worker,
                                         arena=arena, hooks=None)
             sup = Supervisor(workers, board, arena, disp, tel, init_payload, settings, breaker)
