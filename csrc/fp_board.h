@@ -249,6 +249,20 @@ static inline int fp_board_init(fp_board_t *b, uint32_t nslots, uint64_t cap)
     return FP_OK;
 }
 
+/* The parent rewrites the header from its own geometry before each worker
+ * starts: a worker that scribbled over it cannot keep its replacements from
+ * attaching. */
+static inline void fp_boardv_restore_header(const fp_boardv_t *v)
+{
+    fp_board_t *b = v->b;
+    b->nslots = v->nslots;
+    b->ring_capacity = v->cap;
+    b->total_size = v->size;
+    b->version = FP_BOARD_VERSION;
+    fp_fence_seqcst();
+    b->magic = FP_BOARD_MAGIC;
+}
+
 /* A worker's attach: the header is read once into *nslots and *cap, and the
  * copy is what gets checked (and used from then on). */
 static inline int fp_board_check(const fp_board_t *b, uint64_t mapped, uint32_t *nslots, uint64_t *cap)

@@ -122,6 +122,8 @@ static inline void fp_ringv_reset(fp_ringv_t *v)
 /* Consumer: is there nothing to read? (tail is the producer's; any change counts) */
 static inline int fp_ringv_empty(fp_ringv_t *v) { return fp_load64_acquire(&v->hdr->tail) == v->pos; }
 
+static inline void *fp_ringv_header(fp_ringv_t *v) { return v->hdr; }
+
 /* Producer: the consumer's head as published (for fp_ringv_wait_space). */
 static inline uint64_t fp_ringv_head(fp_ringv_t *v) { return fp_load64_acquire(&v->hdr->head); }
 

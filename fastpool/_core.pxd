@@ -21,6 +21,7 @@ cdef extern from "fp_ring.h" nogil:
     void fp_ringv_reset(fp_ringv_t *v)
     int fp_ringv_empty(fp_ringv_t *v)
     uint64_t fp_ringv_head(fp_ringv_t *v)
+    void *fp_boardv_ring_header "fp_ringv_header"(fp_ringv_t *v)
     int fp_ringv_push2(fp_ringv_t *v, uint32_t kind, uint64_t task_id, uint64_t aux,
                        const void *a, uint64_t alen, const void *b, uint64_t blen, int notify)
     void fp_ringv_notify(fp_ringv_t *v)
@@ -47,6 +48,7 @@ cdef extern from "fp_board.h" nogil:
     fp_ringv_t *fp_boardv_tasks(const fp_boardv_t *v, uint32_t i)
     fp_ringv_t *fp_boardv_results(const fp_boardv_t *v, uint32_t i)
     fp_board_t *fp_boardv_board(const fp_boardv_t *v)
+    void fp_boardv_restore_header(const fp_boardv_t *v)
     int fp_boardv_parent_has_work(const fp_boardv_t *v)
     int fp_boardv_wait_results(const fp_boardv_t *v, int64_t timeout_ns, int64_t spin_ns)
     void fp_board_notify_parent(fp_board_t *b)

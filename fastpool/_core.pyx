@@ -172,6 +172,20 @@ cdef class Board:
     def fileno(self):
         return self._fd
 
+    def layout(self):
+        """Where things are in this mapping (diagnostics and fault tests): the base
+        address, and per slot the byte offsets of its slot block and its two rings."""
+        if self._base == NULL:
+            raise errors.PoolClosed("the pool's shared board is closed")
+        base = <size_t>self._base
+        return dict(
+            base=base, size=self._size, nslots=self.nslots, ring_capacity=self.ring_capacity,
+            slots=[<size_t>fp_boardv_slot(self._v, i) - base for i in range(self.nslots)],
+            task_rings=[<size_t>fp_boardv_ring_header(fp_boardv_tasks(self._v, i)) - base
+                        for i in range(self.nslots)],
+            result_rings=[<size_t>fp_boardv_ring_header(fp_boardv_results(self._v, i)) - base
+                          for i in range(self.nslots)])
+
     @property
     def closed(self):
         return self._base == NULL
@@ -275,8 +289,12 @@ cdef class Board:
         return self._base != NULL and fp_board_wanted(fp_boardv_board(self._v)) != 0
 
     def reset_slot(self, int slot):
-        """Empties both rings and the slot words.  Only while no worker runs there."""
+        """Empties both rings and the slot words, and rewrites the board header from
+        the parent's geometry (for the worker about to attach).  Only while no
+        worker runs in this slot."""
         self._ok(slot)
+        if self._parent:
+            fp_boardv_restore_header(self._v)
         fp_ringv_reset(fp_boardv_tasks(self._v, slot))
         fp_ringv_reset(fp_boardv_results(self._v, slot))
         fp_slot_reset(fp_boardv_slot(self._v, slot))

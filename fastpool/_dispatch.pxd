@@ -57,6 +57,7 @@ cdef class Dispatch:
     cdef object _flock                 # its lock
     cdef object _progress              # Condition: a driver settled something
     cdef list _pending                 # hook events seen under the lock, run after it
+    cdef list _discard                 # payloads of unknown replies: decoded (to unpin blocks), dropped
     cdef int _fg_waiting
     cdef int64_t _last_fg
     cdef int _next_poll

@@ -91,6 +91,16 @@ COUNTER_NAMES = (
 )
 
 
+cdef int _discard(bytes payload) except -1:
+    """Decodes a result nobody will read, and drops it: decoding is what returns the
+    worker's handoff references on the shared blocks it names (else they stay pinned)."""
+    try:
+        _loads(payload)
+    except Exception:  # noqa: BLE001 - nothing to tell anyone about a result nobody wants
+        pass
+    return 0
+
+
 cdef inline bint _atomic(object x):
     t = type(x)
     return t is int or t is float or t is str or t is bytes or t is bool or x is None or t is complex
@@ -164,6 +174,7 @@ cdef class Dispatch:
         self._flock = self._fcond._lock if hasattr(self._fcond, "_lock") else threading.RLock()
         self._progress = threading.Condition(threading.Lock())
         self._pending = []
+        self._discard = []
 
     def __dealloc__(self):
         if self._lock != NULL:
@@ -484,6 +495,12 @@ cdef class Dispatch:
             self._release()
         for task in settle:
             self._settle(<Task>task)
+        if self._discard:
+            self._acquire()
+            dropped, self._discard = self._discard, []
+            self._release()
+            for payload in dropped:
+                _discard(payload)
         n += self._run_events()
         if self.board.take_attention():
             n += 1
@@ -523,6 +540,9 @@ cdef class Dispatch:
             if kind == FP_R_INIT_FAILED:
                 events.append(("init_failed", s, payload))
                 continue
+            if kind != FP_R_OK and kind != FP_R_ERR and kind != FP_R_BAD_RESULT and kind != FP_R_SKIPPED:
+                self._mark_corrupt(s, f"its result ring holds a record of unknown kind {kind}")
+                break
             task = None
             if q:
                 t = q[0]
@@ -537,7 +557,17 @@ cdef class Dispatch:
                         q.remove(task)
             if task is None:  # not a task this slot holds (late, or never ours): drop it
                 self._counts[C_UNKNOWN] += 1
+                if kind == FP_R_OK and payload is not None:
+                    self._discard.append(payload)
                 continue
+            if kind == FP_R_SKIPPED and not task.cancel_requested:
+                # Nobody asked to drop it: the worker's skip words were overwritten.
+                task.rkind, task.payload = FP_R_ERR, None
+                self._inflight.pop(task.id, None)
+                self._counts[C_CHUNKS_FAILED if task.items else C_FAILED] += 1
+                settle.append(task)
+                self._mark_corrupt(s, f"it skipped task {task.id}, which nobody cancelled")
+                break
             if kind != FP_R_SKIPPED:
                 self._served[s] += 1
                 if self._max_tasks and self._served[s] >= self._max_tasks:
@@ -588,6 +618,8 @@ cdef class Dispatch:
         payload = task.payload
         task.payload = None
         if kind == FP_R_SKIPPED or task.cancel_requested:
+            if kind == FP_R_OK and payload is not None:
+                _discard(payload)
             return self._finish(task, None, None, True)
         if kind == FP_R_OK:
             if payload is None:
@@ -600,6 +632,10 @@ cdef class Dispatch:
                     f"the result of task {task.id}", f"unpickling failed in the parent: {exc!r}"), False)
             return self._finish(task, value, None, False)
         if kind == FP_R_ERR:
+            if payload is None:  # see _read_slot: a skip nobody asked for
+                return self._finish(task, None, errors.SegmentCorrupt(
+                    f"task {task.id} was dropped by a worker that damaged its slot's shared words; "
+                    "the worker was killed and replaced"), False)
             try:
                 exc = _codec.decode_exception(payload)
             except Exception as err:  # noqa: BLE001 - a payload the worker could have scribbled

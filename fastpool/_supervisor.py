@@ -226,9 +226,17 @@ class Supervisor:
             tasks = disp.take_slot(sid)
             self.arena.reclaim(sid)  # the dead worker's references on shared blocks
             current = self.board.current(sid)
+            kill, slot.kill = slot.kill, None
+            if kill is not None and kill.cause is Cause.CORRUPT:
+                # Its ring and slot words are not to be trusted: which of its tasks ran
+                # cannot be known, so none is run again; each fails with the damage.
+                for t in tasks:
+                    failed.append((t, errors.SegmentCorrupt(
+                        f"task {t.id} was held by worker {sid} (pid {pid}), which damaged the pool's "
+                        f"shared memory ({kill.detail}); the worker was killed and replaced")))
+                tasks = []
             victim = next((t for t in tasks if t.wire == current), None)
             disp.requeue([t for t in tasks if t is not victim])  # never started: back to the front
-            kill, slot.kill = slot.kill, None
             planned = self.stopping or (kill is not None and kill.cause.planned)
             if planned and victim is None:
                 slot.state, slot.pid, slot.retiring = "dead", None, False
@@ -598,8 +606,18 @@ class Supervisor:
                         self.kill(slot, Kill(Cause.STOPPED))
         self.wake()
 
-    def reap_workers(self) -> None:
-        deadline = time.monotonic() + STOP_GRACE_S
+    def interrupt_running(self) -> None:
+        """SIGINT to every worker running a task: the task raises KeyboardInterrupt."""
+        with self.lock:
+            for slot in self.slots:
+                if slot.pidfd is not None and slot.state == "ready" and self.board.current(slot.id):
+                    try:
+                        signal.pidfd_send_signal(slot.pidfd, signal.SIGINT)
+                    except (ProcessLookupError, OSError):
+                        pass
+
+    def reap_workers(self, grace_s: float = STOP_GRACE_S) -> None:
+        deadline = time.monotonic() + grace_s
         for slot in self.slots:
             if slot.pidfd is None:
                 continue

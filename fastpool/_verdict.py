@@ -142,7 +142,7 @@ def exception_for(death: Death, cause: Cause, detail: str, task: TaskFacts, resu
     if cause in (Cause.MEMORY, Cause.OOM_KILLER):
         mem = death.memory
         return errors.WorkerMemoryError(
-            death.slot, death.pid, death.exitcode, task.id, what,
+            death.slot, death.pid, death.exitcode, task.id, f"function {task.fn_name}({task.args})",
             reason="memory-limit" if cause is Cause.MEMORY else "oom-killer", limit_bytes=mem.limit_bytes,
             rss_bytes=mem.owned_bytes, peak_rss_bytes=mem.peak_bytes)
     if cause is Cause.CORRUPT:

@@ -15,6 +15,7 @@ board's format and fastpool._call.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from typing import Any
@@ -40,6 +41,9 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1) -> int:
     from fastpool import _serve
     from fastpool._core import SLOT_READY, SLOT_STARTING, Board
 
+    # The template ignores SIGINT (Ctrl-C in the terminal is the parent's); a worker
+    # takes it back, so a pool interrupted by Ctrl-C can interrupt the tasks it runs.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     board = Board.attach(board_fd)
     os.close(board_fd)
     if arena_fd >= 0:  # before K_INIT: initargs may hold shared arrays

@@ -9,10 +9,10 @@ constructor's signature: ``FastPoolError.__reduce__`` rebuilds from ``__dict__``
     +-- BrokenPool(FastPoolError, BrokenProcessPool)
     |   +-- WorkerCrashed            .worker_id .pid .exitcode .signal_name .task_id .cause
     |   |   +-- PoisonTask           the task killed a second worker after a retry
-    |   |   +-- WorkerHung           heartbeat stopped (also a TimeoutError)
+    |   |   +-- WorkerHung           heartbeat stopped
     |   |   +-- WorkerMemoryError    memory limit or kernel OOM kill (also a MemoryError)
     |   +-- InitializerError         the initializer raised or exited
-    +-- TaskTimeout(FastPoolError, TimeoutError)
+    +-- TaskTimeout(FastPoolError)                 not a TimeoutError: see its docstring
     +-- CircuitOpen(FastPoolError, RuntimeError)   .retry_after_s .last_cause
     +-- PoolClosed(FastPoolError, RuntimeError)
     +-- QueueFull(FastPoolError, queue.Full)
@@ -148,8 +148,10 @@ class PoisonTask(WorkerCrashed):
         return "poison task: it killed two workers; " + super().__str__()
 
 
-class WorkerHung(WorkerCrashed, TimeoutError):
-    """The worker's heartbeat stopped (SIGSTOP, a C call holding the GIL); it was killed."""
+class WorkerHung(WorkerCrashed):
+    """The worker's heartbeat stopped (SIGSTOP, a C call holding the GIL); it was killed.
+
+    Not a TimeoutError, like TaskTimeout (see there)."""
 
     cause = "hung"
 
@@ -189,14 +191,25 @@ class WorkerMemoryError(WorkerCrashed, MemoryError):
         self.peak_rss_bytes = peak_rss_bytes
 
     def __str__(self) -> str:
-        mib = lambda n: "?" if n is None else f"{n / 2**20:.0f} MiB"  # noqa: E731
-        who = "the kernel's OOM killer" if self.reason == "oom-killer" else "fastpool"
-        msg = (
-            f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by "
-            f"{who} ({self.reason}): limit {mib(self.limit_bytes)}, last RSS "
-            f"{mib(self.rss_bytes)}, peak RSS {mib(self.peak_rss_bytes)}"
-        )
+        limit, peak = self.limit_bytes, self.peak_rss_bytes if self.peak_rss_bytes is not None else self.rss_bytes
+        if self.reason == "oom-killer":
+            msg = (f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by the "
+                   f"kernel's OOM killer (its cgroup's limit: {_size(limit)}); the worker owned "
+                   f"{_size(peak)} at its largest sample")
+        else:
+            msg = (f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by "
+                   f"fastpool: it owned {_size(peak, limit)}, over memory_limit {_size(limit, peak)}")
         return msg + (f"; {self.detail}" if self.detail else "")
+
+
+def _size(n: int | None, other: int | None = None) -> str:
+    """MiB with one decimal; exact bytes when that would print two close sizes alike."""
+    if n is None:
+        return "an unknown amount (never sampled)"
+    text = f"{n / 2**20:.1f} MiB"
+    if other is not None and text == f"{other / 2**20:.1f} MiB":
+        text = f"{n:,} bytes"
+    return text
 
 
 class InitializerError(BrokenPool):
@@ -211,8 +224,13 @@ class InitializerError(BrokenPool):
         return self.message
 
 
-class TaskTimeout(FastPoolError, TimeoutError):
-    """The task ran past its timeout; its worker was killed and replaced."""
+class TaskTimeout(FastPoolError):
+    """The task ran past its timeout; its worker was killed and replaced.
+
+    Deliberately not a ``TimeoutError``: ``future.result(timeout=...)`` raises
+    ``TimeoutError`` when the task is still running and may yet succeed, while
+    this means the task failed for good.  ``except TimeoutError`` therefore
+    means "not yet", and ``except fastpool.TaskTimeout`` "never"."""
 
     def __init__(self, task_id: int | None, timeout_s: float, worker_id: int | None = None) -> None:
         super().__init__(task_id, timeout_s, worker_id)

@@ -37,12 +37,13 @@ from typing import Any, Callable, Iterable, Iterator
 from fastpool import _arena, _call, _codec, _control, _dispatch, _policy, _sizing, _template, errors, telemetry
 from fastpool._call import ChunkFailure, TaskFunction
 from fastpool._core import Board, check_ring_bytes
-from fastpool._supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
+from fastpool._supervisor import DEFAULT_START_TIMEOUT_S, STOP_GRACE_S, Supervisor
 
 log = logging.getLogger("fastpool")
 
 DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched pages cost
 MAX_CHUNKSIZE = 8192
+INTERRUPT_GRACE_S = 0.4  # Ctrl-C: how long interrupted tasks get to return before SIGKILL
 
 _dispatch.set_parent_spin(float(os.environ.get("FASTPOOL_PARENT_SPIN_US", "80")) * 1e-6)
 _live: "weakref.WeakSet[_Runtime]" = weakref.WeakSet()
@@ -99,7 +100,18 @@ class _Runtime:
         else:
             self.handoff.set()
 
-    def teardown(self) -> None:
+    def interrupt(self) -> None:
+        """Ctrl-C: cancel the queue, interrupt running tasks, tear down within ~1 s."""
+        self.disp.close()
+        self.disp.cancel_queued()
+        self.sup.interrupt_running()
+        try:  # what the interrupted tasks send back (their KeyboardInterrupt) settles
+            self.disp.drive(lambda: self.disp.inflight == 0, INTERRUPT_GRACE_S)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: still tear down, only faster
+        self.teardown(grace_s=INTERRUPT_GRACE_S)
+
+    def teardown(self, grace_s: float = STOP_GRACE_S) -> None:
         with self.lock:
             already, self.stopping = self.stopping, True
         if already:
@@ -111,7 +123,7 @@ class _Runtime:
         try:
             sup.stop_workers()
             self.supervisor_thread.join(5)
-            sup.reap_workers()
+            sup.reap_workers(grace_s)
             disp.abandon(lambda t: errors.BrokenPool("the pool was shut down before this task ran"))
         finally:
             disp.set_torn_down()
@@ -397,8 +409,14 @@ class Pool(Executor):
     def __enter__(self) -> "Pool":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown(wait=True)
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """``shutdown(wait=True)``; on Ctrl-C (KeyboardInterrupt) or SystemExit, stops
+        at once instead: queued tasks are cancelled, running ones interrupted (SIGINT
+        in their worker, SIGKILL after a short grace), within about a second."""
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            self._rt.interrupt()
+        else:
+            self.shutdown(wait=True)
 
     def __del__(self) -> None:
         rt = getattr(self, "_rt", None)

@@ -132,3 +132,77 @@ def send_stale_reply(task_id):
 
     board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
     return board.push_result(slot, _codec.R_OK, task_id, 0, _codec.dumps("stale"))
+
+
+def touch(path):
+    """A side effect a test can see: the file exists only if this task ran."""
+    with open(path, "w") as f:
+        f.write("ran")
+    return path
+
+
+# ---- a task that damages the shared board: the parent must not trust it -------------
+
+_U64 = (0, 1, 7, 4096, (1 << 32) - 1, 1 << 32, (1 << 63), (1 << 64) - 1, (1 << 64) - 4096)
+
+
+def scribble(target, value, hold_s=0.0):
+    """Overwrites, from inside a task, one word of shared memory this worker can write:
+
+    "result_tail", "result_head", "task_head", "task_tail": a position of its rings;
+    "result_record": a bogus record header published on its result ring (value is
+    the length; kind is random garbage); "slot_current", "slot_served",
+    "slot_skips": its slot words (skip words: value, in all of them);
+    "board_nslots", "board_capacity": the board header's geometry.
+    value is a 64-bit pattern.  hold_s: then wait that long (the parent should kill
+    this worker first), so the worker's own next publication cannot repair the damage
+    before the parent reads it.  Returns the target's name."""
+    import ctypes
+
+    from fastpool import _call
+
+    board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
+    lay = board.layout()
+    base = lay["base"]
+    res, task, words = lay["result_rings"][slot], lay["task_rings"][slot], lay["slots"][slot]
+
+    def put64(off, v):
+        ctypes.c_uint64.from_address(base + off).value = v & ((1 << 64) - 1)
+
+    def put32(off, v):
+        ctypes.c_uint32.from_address(base + off).value = v & 0xFFFFFFFF
+
+    if target == "result_tail":
+        put64(res + 64, value)
+    elif target == "result_head":
+        put64(res, value)
+    elif target == "task_head":
+        put64(task, value)
+    elif target == "task_tail":
+        put64(task + 64, value)
+    elif target == "result_record":
+        tail = ctypes.c_uint64.from_address(base + res + 64).value
+        off = res + 256 + tail % lay["ring_capacity"]
+        put32(off, value)                         # len
+        put32(off + 4, (value * 2654435761) | 5)  # kind: not one the protocol knows
+        put64(off + 8, value)                     # task id
+        put64(res + 64, tail + 24 + ((value + 7) & ~7 & ((1 << 64) - 1)))  # publish it
+    elif target == "slot_current":
+        put64(words + 16, value)
+    elif target == "slot_served":
+        put64(words + 32, value)
+    elif target == "slot_skips":
+        put64(words + 48, value | 1)                        # skip_seq
+        for i in range(32):
+            put64(words + 56 + 8 * i, value + i)             # skip words
+    elif target == "board_nslots":
+        put32(12, value)
+    elif target == "board_capacity":
+        put64(16, value)
+    else:
+        raise ValueError(target)
+    board.kick() if hasattr(board, "kick") else None
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return target

@@ -23,7 +23,7 @@ def test_task_over_memory_limit_is_killed_reported_and_replaced():
         err = info.value
         assert err.reason == "memory-limit" and err.limit_bytes == 300 * 2**20
         assert err.rss_bytes > 300 * 2**20 and err.peak_rss_bytes >= err.rss_bytes
-        assert err.task_id is not None and "300 MiB" in str(err)
+        assert err.task_id is not None and "over memory_limit 300.0 MiB" in str(err)
         assert p.submit(_faulty.double, 4).result(timeout=30) == 8  # replaced, pool goes on
         rec = p.stats()["crashes"][-1]
         assert rec["cause"] == "memory"

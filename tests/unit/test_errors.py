@@ -42,10 +42,10 @@ MUST_BE: dict[type, tuple[type, ...]] = {
     errors.BrokenPool: (BrokenProcessPool, concurrent.futures.BrokenExecutor),
     errors.WorkerCrashed: (errors.BrokenPool, BrokenProcessPool),
     errors.PoisonTask: (errors.WorkerCrashed, BrokenProcessPool),
-    errors.WorkerHung: (errors.WorkerCrashed, TimeoutError, concurrent.futures.TimeoutError),
+    errors.WorkerHung: (errors.WorkerCrashed, BrokenProcessPool),
     errors.WorkerMemoryError: (errors.WorkerCrashed, MemoryError, BrokenProcessPool),
     errors.InitializerError: (errors.BrokenPool, BrokenProcessPool),
-    errors.TaskTimeout: (TimeoutError, concurrent.futures.TimeoutError),
+    errors.TaskTimeout: (errors.FastPoolError,),
     errors.CircuitOpen: (RuntimeError,),
     errors.PoolClosed: (RuntimeError,),
     errors.QueueFull: (queue.Full,),
@@ -53,6 +53,22 @@ MUST_BE: dict[type, tuple[type, ...]] = {
     errors.DetachedBufferError: (ValueError,),
     errors.SharedMemoryError: (MemoryError,),
 }
+
+
+# What a class must NOT be: a failure for good must not read as "still running".
+MUST_NOT_BE: dict[type, tuple[type, ...]] = {
+    errors.TaskTimeout: (TimeoutError,),
+    errors.WorkerHung: (TimeoutError,),
+}
+
+
+def test_a_task_killed_for_time_is_not_a_wait_that_timed_out() -> None:
+    # result(timeout=...) raises TimeoutError while the task still runs; a task that
+    # fastpool killed for its time raises TaskTimeout / WorkerHung, which one
+    # `except TimeoutError` clause must not swallow.
+    for cls, forbidden in MUST_NOT_BE.items():
+        for base in forbidden:
+            assert not issubclass(cls, base), f"{cls.__name__} is a {base.__name__}"
 
 
 def error_classes() -> list[type]:
