@@ -166,7 +166,9 @@ def test_cancelling_a_future_cancels_its_dask_task(executor, dask_client, fifo):
     with open(go.path, "wb") as f:
         f.write(b"1")
     assert blocker.result(timeout=30) > 0
-    distributed.wait([queued._dfut], timeout=30)  # the cancel reaches Dask asynchronously
+    # The cancel reaches Dask asynchronously; Dask's wait raises once it has.
+    with pytest.raises(distributed.utils.CancelledError):
+        distributed.wait([queued._dfut], timeout=30)
     assert queued._dfut.cancelled()  # the Dask task was cancelled too, not left to run
 
 
