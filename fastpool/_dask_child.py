@@ -40,12 +40,16 @@ def _picklable(exc: BaseException) -> BaseException:
         return RemoteError(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb)
 
 
-def apply_items(fn: Callable[..., Any], items: list, star: bool) -> tuple[list, float]:
+def apply_items(fn_bytes: bytes, items: list, star: bool) -> tuple[list, float]:
     """``[fn(*item) if star else fn(item) for item in items]`` and its run time in seconds.
+
+    ``fn`` arrives pickled by cloudpickle: a lambda or a function defined in the
+    client's ``__main__`` is an argument here, which a plain pickle would refuse.
 
     The run time lets the client size the next chunks when the input has no length.
     Raises ``ChunkFailed`` (with the results so far, chained to the error) on the
     first item that raises."""
+    fn: Callable[..., Any] = pickle.loads(fn_bytes)
     t0 = time.perf_counter()
     out: list = []
     for item in items:

@@ -33,6 +33,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
+import cloudpickle
 from distributed import WorkerPlugin, get_worker
 
 from fastpool import errors
@@ -295,7 +296,7 @@ def run_chunk(name: str, call: Call, opts: dict | None, deps: dict) -> tuple[lis
     """Dask task body: one map chunk (``call.args`` = (items, star)) as one fastpool task."""
     plugin = _plugin(name)
     fn, (items, star), _ = plugin.resolve(call, deps)
-    return plugin.run(apply_items, (fn, items, star), {}, opts)
+    return plugin.run(apply_items, (cloudpickle.dumps(fn, 5), items, star), {}, opts)
 
 
 def pool_stats(name: str, dask_worker: Any) -> dict:

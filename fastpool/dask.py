@@ -217,7 +217,8 @@ class Executor(cf.Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
         """Schedules ``fn(*args, **kwargs)`` in a fastpool child on the cluster.
 
-        Raises ``PoolClosed`` after ``shutdown``.  Failures of the call arrive on the
+        Raises ``PoolClosed`` after ``shutdown`` and ``SerializationError`` when the
+        call cannot be pickled (nothing is submitted).  Failures of the call arrive on the
         future (see the class docstring).  Thread-safe."""
         return self._submit(run_call, fn, args, kwargs, None)
 
@@ -321,9 +322,15 @@ class Executor(cf.Executor):
         key = f"{dask.utils.funcname(fn)}-{uuid.uuid4().hex}"
         # Inner annotations win: a caller's dask.annotate(executor=..., retries=...) must
         # not send the task body itself into a pool or let Dask retry what fastpool ran.
-        with dask.annotate(executor="default", retries=0):
-            dfut = self._client.submit(body, self._name, call, opts, deps, key=key, pure=False,
-                                       retries=0)
+        try:
+            with dask.annotate(executor="default", retries=0):
+                dfut = self._client.submit(body, self._name, call, opts, deps, key=key,
+                                           pure=False, retries=0)
+        except TypeError as exc:  # Dask pickles the task here: "Could not serialize ..."
+            root = exc.__cause__ or exc
+            raise errors.SerializationError(
+                f"the call of {dask.utils.funcname(fn)!r}",
+                f"{type(root).__name__}: {root}. Nothing was submitted") from exc
         fut = _ClusterFuture(self, dfut)
         with self._lock:
             self._outstanding[fut] = time.time()
