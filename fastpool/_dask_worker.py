@@ -299,6 +299,12 @@ def run_chunk(name: str, call: Call, opts: dict | None, deps: dict) -> tuple[lis
     return plugin.run(apply_items, (cloudpickle.dumps(fn, 5), items, star), {}, opts)
 
 
+def plugin_settings(name: str, dask_worker: Any) -> dict | None:
+    """For ``client.run``: the pool arguments of this worker's plugin ``name`` (None: none)."""
+    plugin = dask_worker.plugins.get(name)
+    return dict(plugin.pool_kwargs) if isinstance(plugin, FastpoolPlugin) else None
+
+
 def pool_stats(name: str, dask_worker: Any) -> dict:
     """For ``client.run``: this worker's pool stats plus the plugin's counters."""
     plugin = dask_worker.plugins.get(name)

@@ -40,6 +40,7 @@ from fastpool._dask_worker import (
     FastpoolPlugin,
     ScatterRef,
     TaskFailed,
+    plugin_settings,
     pool_stats,
     run_call,
     run_chunk,
@@ -146,7 +147,24 @@ class _ClusterFuture(cf.Future):
             return False
         super().set_running_or_notify_cancel()  # wakes wait() and as_completed()
         self._executor._cancel_remote([self._dfut])
+        self._executor._count("cancelled")
         return True
+
+
+def _check_plugin(client: Client, name: str, wanted: dict | None) -> None:
+    """Fails loudly where Dask would be silent: a plugin of that name missing, or (the
+    plugin being idempotent) an earlier one with other settings kept in place of ours."""
+    found = client.run(plugin_settings, name)
+    missing = sorted(a for a, kw in found.items() if kw is None)
+    if missing:
+        raise ValueError(f"no FastpoolPlugin named {name!r} on Dask workers {missing}; create the "
+                         "executor with install=True, or register fastpool.dask.FastpoolPlugin")
+    other = {a: kw for a, kw in found.items() if wanted is not None and kw != wanted}
+    if other:
+        raise ValueError(
+            f"a FastpoolPlugin named {name!r} with other settings is already on the cluster "
+            f"({next(iter(other.values()))}, not {wanted}); Dask keeps the first one. Use another "
+            f"name, or client.unregister_worker_plugin({name!r}) first")
 
 
 def _check_options(pure: bool, timeout: float | None, fallback: str | None) -> dict | None:
@@ -201,6 +219,7 @@ class Executor(cf.Executor):
         elif pool_kwargs:
             raise TypeError("pool arguments apply only when this executor installs the plugin "
                             "(install=True)")
+        _check_plugin(client, name, pool_kwargs if install else None)
         self._client, self._name, self._window = client, name, window
         self._lock = threading.Lock()
         self._closed = False
@@ -281,7 +300,8 @@ class Executor(cf.Executor):
             for fut in outstanding:
                 if str(fut._dfut.key) not in running:
                     fut.cancel()
-        if wait:
+        if wait and threading.current_thread() is not self._settler:
+            # (from a done-callback, waiting would wait on the thread that settles)
             cf.wait(outstanding)
         self._settled.put(None)  # the settler exits once nothing is outstanding
 
@@ -337,6 +357,10 @@ class Executor(cf.Executor):
             self._counts["submitted"] += 1
         self._client.loop.add_callback(self._cascade, dfut, fut)
         return fut
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._counts[key] += 1
 
     def _threads(self) -> int:
         return max(1, sum(self._client.nthreads().values()))

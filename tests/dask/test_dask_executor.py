@@ -187,6 +187,24 @@ def test_bad_input_gets_clear_errors(executor, dask_client):
         executor.map(tasks.double, range(3), chunksize=0)
 
 
+def test_a_plugin_with_other_settings_or_none_at_all_is_an_error_not_a_surprise(executor, dask_client):
+    # Dask silently keeps the first plugin of a name (it is idempotent): say so instead
+    with pytest.raises(ValueError, match="other settings"):
+        fpd.Executor(dask_client, task_timeout=3)
+    with pytest.raises(ValueError, match="no FastpoolPlugin named 'absent'"):
+        fpd.Executor(dask_client, name="absent", install=False)
+
+
+def test_shutdown_from_a_done_callback_does_not_wait_on_itself(dask_client):
+    ex = fpd.Executor(dask_client, install=False)
+    called = []
+    fut = ex.submit(tasks.double, 2)
+    fut.add_done_callback(lambda f: (ex.shutdown(wait=True), called.append(f.result())))
+    assert fut.result(timeout=30) == 4
+    ex._settler.join(30)  # the settler runs the callback, then exits: nothing is outstanding
+    assert called == [4] and not ex._settler.is_alive()
+
+
 def test_stats_report_each_workers_pool(executor):
     executor.submit(tasks.double, 1).result(timeout=30)
     st = executor.stats()
