@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import select
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,34 +26,12 @@ import pytest
 
 HERE = Path(__file__).parent
 # Before any cluster exists: Dask's spawned workers and fastpool's spawned templates
-# copy sys.path, so _dask_tasks pickles by reference everywhere.
+# copy sys.path, so _dask_tasks pickles by reference everywhere.  Appended, not
+# prepended: `from conftest import ...` elsewhere must keep finding tests/conftest.py.
 if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+    sys.path.append(str(HERE))
 
-TAG_VAR = "FASTPOOL_DASK_TEST_TAG"
-LEAK_GRACE_S = 10.0
-
-
-def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Live processes whose environment carries tag (zombies have exited)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(TAG_VAR) == tag and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def describe(procs: list[psutil.Process]) -> str:
-    out = []
-    for p in procs:
-        try:
-            out.append(f"pid {p.pid} ({' '.join(p.cmdline())[:70]!r}, parent {p.ppid()})")
-        except psutil.Error:
-            out.append(f"pid {p.pid}")
-    return ", ".join(out)
+from _dask_support import LEAK_GRACE_S, TAG_VAR, describe, tagged_processes  # noqa: E402
 
 
 class ClusterHolder:
@@ -121,28 +98,22 @@ def clean_cluster(dask_client: Any) -> Any:
     return dask_client
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    # The Dask tests run last.  Dask leaves a thread in this process (its offload
+    # pool) after the cluster closes, and fastpool forks its worker template only from
+    # a process that runs no other thread, otherwise it spawns one: run first, these
+    # tests would switch every later test in the session to a spawned template.
+    ours = [it for it in items if HERE in Path(str(it.path)).parents]
+    if ours:
+        rest = [it for it in items if HERE not in Path(str(it.path)).parents]
+        items[:] = rest + ours
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     if nextitem is None or HERE not in Path(str(nextitem.path)).parents:
         _HOLDER.close()
-
-
-def worker_addresses(client: Any) -> list[str]:
-    return sorted(client.scheduler_info()["workers"])
-
-
-def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Waits for a cluster state that no event announces (a nanny restarting a worker).
-
-    Polls cond every 20 ms; fails the test naming `what` after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
 
 
 class Fifo:

@@ -16,7 +16,7 @@ distributed = pytest.importorskip("distributed", reason="the Dask tests need the
 
 import _dask_tasks as tasks  # noqa: E402
 import dask  # noqa: E402
-from conftest import TAG_VAR, tagged_processes, wait_until, worker_addresses  # noqa: E402
+from _dask_support import TAG_VAR, tagged_processes, wait_until, worker_addresses  # noqa: E402
 
 import fastpool.dask as fpd  # noqa: E402
 from fastpool.errors import PoisonTask, TaskTimeout, WorkerCrashed, WorkerMemoryError  # noqa: E402

@@ -13,7 +13,7 @@ distributed = pytest.importorskip("distributed", reason="the Dask tests need the
 
 import _dask_tasks as tasks  # noqa: E402
 import dask  # noqa: E402
-from conftest import worker_addresses  # noqa: E402
+from _dask_support import worker_addresses  # noqa: E402
 
 import fastpool.dask as fpd  # noqa: E402
 from fastpool.errors import SerializationError  # noqa: E402
