@@ -161,6 +161,7 @@ class FastpoolPlugin(WorkerPlugin):
             raise ValueError(f"name must be a non-empty string, not {name!r}")
         self.name = name
         self.pool_kwargs = pool_kwargs
+        self.settings = describe_settings(pool_kwargs)
         self._reset()
 
     def _reset(self) -> None:
@@ -173,10 +174,10 @@ class FastpoolPlugin(WorkerPlugin):
         self._inflight: set = set()
 
     def __getstate__(self) -> dict:
-        return {"name": self.name, "pool_kwargs": self.pool_kwargs}
+        return {"name": self.name, "pool_kwargs": self.pool_kwargs, "settings": self.settings}
 
     def __setstate__(self, state: dict) -> None:
-        self.name, self.pool_kwargs = state["name"], state["pool_kwargs"]
+        self.name, self.pool_kwargs, self.settings = state["name"], state["pool_kwargs"], state["settings"]
         self._reset()
 
     def _pool_kwargs(self, worker: Any) -> dict:
@@ -299,10 +300,27 @@ def run_chunk(name: str, call: Call, opts: dict | None, deps: dict) -> tuple[lis
     return plugin.run(apply_items, (cloudpickle.dumps(fn, 5), items, star), {}, opts)
 
 
+def describe_settings(pool_kwargs: dict) -> dict:
+    """Pool arguments as comparable text: a function by its name (a lambda that
+    crossed to a worker is another object), an array by shape and dtype (``==`` on
+    arrays compares elements), anything else by ``repr``."""
+
+    def one(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return [one(x) for x in v]
+        if callable(v):
+            return f"{getattr(v, '__module__', '?')}.{getattr(v, '__qualname__', type(v).__name__)}"
+        if hasattr(v, "shape") and hasattr(v, "dtype"):
+            return f"array{tuple(v.shape)} {v.dtype}"
+        return repr(v)[:200]
+
+    return {k: one(v) for k, v in sorted(pool_kwargs.items())}
+
+
 def plugin_settings(name: str, dask_worker: Any) -> dict | None:
-    """For ``client.run``: the pool arguments of this worker's plugin ``name`` (None: none)."""
+    """For ``client.run``: the settings of this worker's plugin ``name`` (None: none)."""
     plugin = dask_worker.plugins.get(name)
-    return dict(plugin.pool_kwargs) if isinstance(plugin, FastpoolPlugin) else None
+    return plugin.settings if isinstance(plugin, FastpoolPlugin) else None
 
 
 def pool_stats(name: str, dask_worker: Any) -> dict:

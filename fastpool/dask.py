@@ -40,6 +40,7 @@ from fastpool._dask_worker import (
     FastpoolPlugin,
     ScatterRef,
     TaskFailed,
+    describe_settings,
     plugin_settings,
     pool_stats,
     run_call,
@@ -212,6 +213,8 @@ class Executor(cf.Executor):
                  window: int | None = None, **pool_kwargs: Any) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client, not {type(client).__name__}")
+        if client.asynchronous:
+            raise TypeError("fastpool.dask.Executor needs a synchronous Client (asynchronous=False)")
         if window is not None and (not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None, not {window!r}")
         if install:
@@ -219,7 +222,7 @@ class Executor(cf.Executor):
         elif pool_kwargs:
             raise TypeError("pool arguments apply only when this executor installs the plugin "
                             "(install=True)")
-        _check_plugin(client, name, pool_kwargs if install else None)
+        _check_plugin(client, name, describe_settings(pool_kwargs) if install else None)
         self._client, self._name, self._window = client, name, window
         self._lock = threading.Lock()
         self._closed = False
@@ -528,7 +531,10 @@ class Executor(cf.Executor):
         client = self._client
         # client.cancel blocks on the event loop; a caller may be on that loop (a done-
         # callback of a Dask future), so the cancel is handed to the loop instead.
-        client.loop.add_callback(lambda: client.cancel(dfuts, asynchronous=True))
+        try:
+            client.loop.add_callback(lambda: client.cancel(dfuts, asynchronous=True))
+        except RuntimeError:  # the client's loop is closed: nothing left to cancel there
+            pass
 
     def _executing_keys(self) -> set[str]:
         def executing(dask_worker: Any) -> list[str]:

@@ -119,3 +119,15 @@ def test_the_plugin_refuses_arguments_pool_does_not_take():
     plugin = fpd.FastpoolPlugin("p", task_timeout=5)
     again = pickle.loads(pickle.dumps(plugin))  # how Dask ships it to each worker
     assert (again.name, again.pool_kwargs, again.pool) == ("p", {"task_timeout": 5}, None)
+
+
+def test_settings_compare_by_name_shape_and_value_not_identity():
+    _fastpool_dask()
+    import numpy as np
+
+    from fastpool._dask_worker import describe_settings
+
+    a = describe_settings({"initializer": _square, "initargs": (np.ones(3), 2), "task_timeout": 5})
+    b = describe_settings({"task_timeout": 5, "initargs": (np.zeros(3), 2), "initializer": _square})
+    assert a == b  # arrays by shape and dtype: comparing elements would raise, not compare
+    assert a != describe_settings({"task_timeout": 6})
