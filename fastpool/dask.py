@@ -185,9 +185,10 @@ class Executor(cf.Executor):
 
     ``Executor(client, *, name="fastpool", install=True, window=None, **pool_kwargs)``:
     ``client`` is a ``distributed.Client``.  With ``install=True`` the
-    ``FastpoolPlugin(name, **pool_kwargs)`` is registered on the cluster (ignored by
-    Dask if one by that name is there already); ``install=False`` uses the plugin
-    already registered.  ``window``: chunks a ``map`` keeps in flight (default
+    ``FastpoolPlugin(name, **pool_kwargs)`` is registered on the cluster; if one by
+    that name with other settings is there already, Dask would keep it silently, so
+    this raises ``ValueError``.  ``install=False`` uses the plugin already registered
+    (``ValueError`` if a worker has none).  ``window``: chunks a ``map`` keeps in flight (default
     ``2 * threads in the cluster + 2``).
 
     Every call is one Dask task with a unique key (never merged with an equal call)
@@ -484,7 +485,9 @@ class Executor(cf.Executor):
                     fut.set_running_or_notify_cancel()
         else:
             kind = "failed"
-            exc = self._translate(fut, status, outcome)
+            with self._lock:
+                submitted_at = self._outstanding.get(fut, 0.0)
+            exc = self._translate(fut, status, outcome, submitted_at)
             settle = lambda: fut.set_exception(exc)  # noqa: E731
         with self._lock:
             self._counts[kind] += 1
@@ -493,7 +496,8 @@ class Executor(cf.Executor):
         except cf.InvalidStateError:  # the caller cancelled it this instant
             pass
 
-    def _translate(self, fut: _ClusterFuture, status: str, outcome: Any) -> BaseException:
+    def _translate(self, fut: _ClusterFuture, status: str, outcome: Any,
+                   submitted_at: float) -> BaseException:
         key = str(fut._dfut.key)
         if status == "lost":
             return outcome
@@ -502,8 +506,9 @@ class Executor(cf.Executor):
             cause = DaskRemoteTraceback(exc.traceback_text, exc.worker, key)
             fut._partial = exc.partial
             if exc.closing:
-                err: BaseException = self._worker_died(exc.worker, key, "its pool was shut down "
-                                                       "with it, so the call was stopped")
+                err: BaseException = self._worker_died(
+                    exc.worker, key, "its pool was shut down with it, so the call was stopped",
+                    submitted_at)
                 err.__cause__ = cause
                 return err
             err = exc.error
@@ -512,17 +517,24 @@ class Executor(cf.Executor):
         if type(exc).__name__ == "KilledWorker":
             last = exc.args[1] if len(exc.args) > 1 else None
             address = getattr(last, "address", last)
-            err = self._worker_died(address if isinstance(address, str) else None, key, str(exc))
+            err = self._worker_died(address if isinstance(address, str) else None, key, str(exc),
+                                    submitted_at)
             err.__cause__ = exc.with_traceback(tb)
             return err
         return exc.with_traceback(tb)  # a Dask error of its own (bad arguments, ...)
 
-    def _worker_died(self, address: str | None, key: str, detail: str) -> BaseException:
+    def _worker_died(self, address: str | None, key: str, detail: str,
+                     submitted_at: float) -> BaseException:
+        """DaskWorkerMemoryError if the nanny logged a memory restart of that worker
+        (of any worker, when Dask did not say which) after the call was submitted."""
         try:
             events = self._client.get_events("worker-restart-memory")
         except Exception:  # noqa: BLE001 - no evidence: say what is known
             events = ()
-        for _when, event in reversed(list(events)):
+        for when, event in reversed(list(events)):
+            # the scheduler's clock stamps events: a second of slack for another host's
+            if when < submitted_at - 1.0:
+                break
             if address is None or event.get("worker") == address:
                 return DaskWorkerMemoryError(event.get("worker"), detail, key, event.get("rss"))
         return DaskWorkerCrashed(address, detail, key)

@@ -123,7 +123,7 @@ def test_a_sigkilled_dask_worker_leaves_no_fastpool_process_and_its_replacement_
 
 
 @pytest.mark.slow
-def test_a_nanny_memory_kill_is_reported_as_worker_memory_error():
+def test_a_dead_dask_worker_is_reported_as_worker_memory_error_only_after_a_nanny_memory_kill():
     # Its own one-worker cluster with a small memory budget.  allowed-failures=0, so the
     # scheduler gives up after the first death instead of killing four workers.
     from distributed import Client, LocalCluster
@@ -138,4 +138,7 @@ def test_a_nanny_memory_kill_is_reported_as_worker_memory_error():
         assert isinstance(exc, fpd.DaskWorkerMemoryError) and isinstance(exc, WorkerMemoryError)
         assert exc.reason == "dask-nanny" and exc.rss_bytes > 300 << 20
         assert type(exc.__cause__).__name__ == "KilledWorker"
+        # A worker SIGKILLed without a memory event is a plain DaskWorkerCrashed.
+        exc = ex.submit(tasks.sigkill_dask_worker).exception(timeout=60)
+        assert type(exc) is fpd.DaskWorkerCrashed and type(exc.__cause__).__name__ == "KilledWorker"
         ex.shutdown()
