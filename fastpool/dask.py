@@ -25,6 +25,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         f"pip install 'fastpool[dask]' ({_exc})") from _exc
 
 import concurrent.futures as cf
+import contextlib
 import math
 import queue
 import threading
@@ -425,7 +426,9 @@ class Executor(cf.Executor):
                 try:
                     results, run_s = fut.result(left)
                 except BaseException:
-                    if fut.done() and fut._partial:
+                    if not fut.done():  # timed out (or interrupted) waiting for this chunk
+                        fut.cancel()
+                    elif fut._partial:
                         yield from fut._partial
                     raise
                 if adaptive is not None and results:
@@ -461,14 +464,15 @@ class Executor(cf.Executor):
             fut, status, outcome = item
             try:
                 self._settle(fut, status, outcome)
-            except Exception:  # noqa: BLE001 - never lose the settler; the future says why
-                if not fut.done():
-                    fut.set_exception(RuntimeError(f"fastpool.dask could not settle {fut._dfut.key}"))
+            except Exception as exc:  # noqa: BLE001 - never lose the settler; the future says why
+                with contextlib.suppress(cf.InvalidStateError):
+                    fut.set_exception(RuntimeError(f"fastpool.dask could not settle {fut._dfut.key}: "
+                                                   f"{type(exc).__name__}: {exc}"))
             with self._lock:
-                t0 = self._outstanding.pop(fut, None)
+                self._outstanding.pop(fut, None)
                 last = self._closed and not self._outstanding
             fut._dfut.release()  # the worker may drop the result now
-            if last and t0 is not None:
+            if last:
                 return
 
     def _settle(self, fut: _ClusterFuture, status: str, outcome: Any) -> None:

@@ -89,6 +89,18 @@ def test_map_yields_results_before_the_failing_item_then_raises(executor):
     assert "fail_on" in info.value.__cause__.text
 
 
+def test_a_map_timeout_raises_and_cancels_the_chunk_it_waited_for(executor, fifo):
+    started, go = fifo("started"), fifo("go")
+    cancelled = executor.stats()["cancelled"]
+    it = executor.map(tasks.block_until, [started.path], [go.path], timeout=1)
+    assert started.wait(30)
+    with pytest.raises(cf.TimeoutError):
+        next(it)
+    assert executor.stats()["cancelled"] == cancelled + 1
+    with open(go.path, "wb") as f:  # let the child go; its result is dropped
+        f.write(b"1")
+
+
 def test_imap_unordered_returns_every_result(executor):
     assert sorted(executor.imap_unordered(tasks.double, range(1000), chunksize=50)) == \
         [2 * i for i in range(1000)]
