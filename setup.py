@@ -22,7 +22,8 @@ setup(
             "fastpool._arena",
             sources=["fastpool/_arena.pyx"],  # csrc/fp_arena.h, header-only
             include_dirs=["csrc", numpy.get_include()],
-            depends=["csrc/fp_arena.h", "csrc/fp_atomic.h", "csrc/fp_status.h", "fastpool/_sys.pxd"],
+            depends=["csrc/fp_arena.h", "csrc/fp_atomic.h", "csrc/fp_shm.h", "csrc/fp_status.h", "fastpool/_arena.pxd",
+                     "fastpool/_shm.pxd", "fastpool/_sys.pxd"],
             extra_compile_args=CFLAGS,
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         ),
