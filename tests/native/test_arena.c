@@ -1125,4 +1125,562 @@ TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
     arena_free(a, size);
 }
 
+/* ------------------------------------------------------------------ damage */
+
+/* Every worker maps the arena read-write, so any header word may be garbage.
+ * Each claim below writes one kind of garbage and checks that every call that
+ * walks or trusts that word returns FP_CORRUPT at once, naming the region, the
+ * offset and the reason, and that nothing outside the damaged region changes.
+ * A hang would fail the test through test_native.py's timeout. */
+
+#define DR 1u /* the damaged region */
+
+typedef struct {
+    fp_arena_view_t *a;
+    uint64_t size;
+    uint64_t base;  /* region DR's first byte */
+    uint64_t b[3];  /* region DR: held by DR, free, held by DR and by process 2 */
+    uint64_t g[3];
+    uint64_t o[NPROCS]; /* one block in every other region, referenced by process 2 */
+} dfix_t;
+
+static dfix_t dfix(void)
+{
+    dfix_t f;
+    f.a = arena_new(NPROCS, REGION, REGION * NPROCS, &f.size);
+    f.base = fp_arena_region(f.a, DR);
+    for (int i = 0; i < 3; i++) {
+        f.b[i] = must_alloc(f.a, DR, 3000u + 5000u * (uint64_t)i, NULL);
+        f.g[i] = gen_of(f.a, f.b[i]);
+        memset(data_of(f.a, f.b[i]), 0x60 + i, 3000);
+    }
+    fp_arena_unref(f.a, DR, f.b[1]);
+    CHECK_EQ(t_ref(f.a, 2, f.b[2], f.g[2]), FP_OK);
+    for (uint32_t r = 0; r < NPROCS; r++) {
+        if (r == DR)
+            continue;
+        f.o[r] = must_alloc(f.a, r, 7000, NULL);
+        memset(data_of(f.a, f.o[r]), 0x70 + (int)r, 7000);
+        CHECK_EQ(t_ref(f.a, 2, f.o[r], gen_of(f.a, f.o[r])), FP_OK);
+    }
+    return f;
+}
+
+/* The other regions are whole, their data untouched, and (reclaimed) process
+ * 2's references in them dropped by a reclaim that also reported the damage. */
+static void others_whole(dfix_t *f, int reclaimed)
+{
+    for (uint32_t r = 0; r < NPROCS; r++) {
+        if (r == DR)
+            continue;
+        uint64_t n = 0;
+        fp_arena_damage_t d;
+        CHECK_EQ(fp_arena_check_region(f->a, r, &n, &d), FP_OK);
+        for (int k = 0; k < 7000; k++)
+            CHECK_EQ(data_of(f->a, f->o[r])[k], 0x70 + (int)r);
+        CHECK_EQ(t_count(f->a, 2, f->o[r]), reclaimed ? 0 : 1 + (r == 2)); /* o[2] is process 2's own */
+        if (r != 2)
+            CHECK_EQ(t_count(f->a, r, f->o[r]), 1);
+    }
+}
+
+/* Every walk over region DR reports (why, at); nothing else is affected. */
+static void expect_damage(dfix_t *f, int why, uint64_t at, uint64_t value)
+{
+    fp_arena_view_t *a = f->a;
+    fp_arena_damage_t d;
+    uint64_t n = 0, l = 0, i = 0, nl = 0, fl = 0, held = 0, top = top_of(a, DR);
+#define CHECK_DMG()                                                                                          \
+    do {                                                                                                     \
+        CHECK_EQ(d.region, DR);                                                                              \
+        CHECKF(d.why == why, "why %d (%s), expected %d", d.why, fp_arena_damage_text(d.why), why);            \
+        CHECK_EQ(d.at, at);                                                                                  \
+        CHECK_EQ(d.value, value);                                                                            \
+        memset(&d, 0, sizeof(d));                                                                            \
+    } while (0)
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_CORRUPT);
+    CHECK_DMG();
+    CHECK_EQ(fp_arena_usage(a, &l, &i, &nl, &d), FP_CORRUPT);
+    CHECK_DMG();
+    fp_arena_blk_t blk = {0, 0, 0};
+    /* the region's owner, asking for more than b1 holds, so the walk reaches any damage */
+    CHECK_EQ(fp_arena_alloc(a, DR, 3 * PAGE, &blk, &fl, NULL, &d), FP_CORRUPT);
+    CHECK_DMG();
+    CHECK_EQ(fl, 0);
+    CHECK_EQ(top_of(a, DR), top); /* a refused alloc writes nothing */
+    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_CORRUPT);
+    CHECK_DMG();
+    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_CORRUPT); /* twice: same report, nothing left to drop */
+    CHECK_DMG();
+    CHECK_EQ(held, at > f->b[2] - f->base ? 1 : 0); /* region DR only up to the damage */
+    others_whole(f, 1);
+    /* the other owners still allocate */
+    for (uint32_t r = 0; r < NPROCS; r++)
+        if (r != DR)
+            fp_arena_unref(a, r, must_alloc(a, r, 100, NULL));
+#undef CHECK_DMG
+}
+
+TEST(arena_damage_top_past_the_region_end_or_unaligned)
+{
+    static const uint64_t tops[] = {REGION + PAGE, UINT64_MAX, UINT64_MAX - PAGE + 1, PAGE + 1, 3 * PAGE - 8};
+    for (unsigned k = 0; k < sizeof(tops) / sizeof(tops[0]); k++) {
+        dfix_t f = dfix();
+        fp_store64_release(fp_arena_top(f.a, DR), tops[k]);
+        expect_damage(&f, FP_ARENA_BAD_TOP, 0, tops[k]);
+        arena_free(f.a, f.size);
+    }
+}
+
+TEST(arena_damage_block_size_zero)
+{
+    dfix_t f = dfix();
+    fp_store64_release(&fp_arena_block(f.a, f.b[1])->size, 0); /* a self-loop, were it trusted */
+    expect_damage(&f, FP_ARENA_BAD_SIZE, f.b[1] - f.base, 0);
+    arena_free(f.a, f.size);
+}
+
+TEST(arena_damage_block_size_under_a_header)
+{
+    dfix_t f = dfix();
+    fp_store64_release(&fp_arena_block(f.a, f.b[0])->size, 1);
+    expect_damage(&f, FP_ARENA_BAD_SIZE, 0, 1);
+    arena_free(f.a, f.size);
+    /* with 1024 processes a header takes more than a page: one page is too small */
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size);
+    uint64_t x = must_alloc(a, 5, 1, NULL);
+    CHECK_EQ(size_of(a, x), 2 * PAGE);
+    fp_store64_release(&fp_arena_block(a, x)->size, PAGE);
+    fp_store64_release(fp_arena_top(a, 5), PAGE); /* consistent with the size: only the size is wrong */
+    uint64_t n = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_check_region(a, 5, &n, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_SIZE);
+    fp_arena_blk_t b;
+    CHECK_EQ(fp_arena_ref(a, 0, x, gen_of(a, x), &b, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_SIZE);
+    arena_free(a, size);
+}
+
+TEST(arena_damage_block_size_not_a_page_multiple)
+{
+    dfix_t f = dfix();
+    uint64_t s = size_of(f.a, f.b[1]) + 8;
+    fp_store64_release(&fp_arena_block(f.a, f.b[1])->size, s);
+    expect_damage(&f, FP_ARENA_BAD_ALIGN, f.b[1] - f.base, s);
+    arena_free(f.a, f.size);
+}
+
+/* The size that made fp_arena_reclaim loop for ever: off + s wraps to off - PAGE. */
+TEST(arena_damage_block_size_2_64_minus_a_page)
+{
+    dfix_t f = dfix();
+    uint64_t s = UINT64_MAX - PAGE + 1;
+    fp_store64_release(&fp_arena_block(f.a, f.b[1])->size, s);
+    expect_damage(&f, FP_ARENA_BAD_PAST_TOP, f.b[1] - f.base, s);
+    arena_free(f.a, f.size);
+}
+
+/* Sizes whose sum wraps around to an earlier block (a cycle through the
+ * chain), to the arena's header, and a size that runs past the top. */
+TEST(arena_damage_wrapping_sizes_and_cycles)
+{
+    dfix_t f = dfix();
+    uint64_t back = (uint64_t)0 - (f.b[2] - f.b[0]); /* b2 + back == b0 */
+    fp_store64_release(&fp_arena_block(f.a, f.b[2])->size, back);
+    expect_damage(&f, FP_ARENA_BAD_PAST_TOP, f.b[2] - f.base, back);
+    arena_free(f.a, f.size);
+
+    f = dfix();
+    uint64_t to_zero = (uint64_t)0 - f.b[0]; /* b0 + s == 0: the arena header */
+    fp_store64_release(&fp_arena_block(f.a, f.b[0])->size, to_zero);
+    expect_damage(&f, FP_ARENA_BAD_PAST_TOP, 0, to_zero);
+    arena_free(f.a, f.size);
+
+    f = dfix();
+    uint64_t past = top_of(f.a, DR) - (f.b[2] - f.base) + PAGE; /* one page past the top, inside the region */
+    fp_store64_release(&fp_arena_block(f.a, f.b[2])->size, past);
+    expect_damage(&f, FP_ARENA_BAD_PAST_TOP, f.b[2] - f.base, past);
+    arena_free(f.a, f.size);
+}
+
+/* Counts are not structure: garbage there leaks blocks (never reused while
+ * nonzero) and cannot make a walk fail or run long. */
+TEST(arena_garbage_counts_leak_blocks_but_break_nothing)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    for (int i = 0; i < 3; i++)
+        for (uint32_t p = 0; p < NPROCS; p++)
+            fp_store32_release(&fp_block_counts(fp_arena_block(a, f.b[i]))[p], 0xFFFFFFFFu - p);
+    uint64_t n = 0, l = 0, idle = 0, nl = 0, held = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_OK);
+    CHECK_EQ(n, 3);
+    t_usage(a, &l, &idle, &nl);
+    CHECK_EQ(nl, 3 + NPROCS - 1); /* all three look held */
+    uint64_t top = top_of(a, DR);
+    uint64_t x = must_alloc(a, DR, 1, NULL); /* the "free" b1 is not reused: a bump */
+    CHECK_EQ(x, f.base + top);
+    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_OK);
+    CHECK_EQ(held, 3 + NPROCS - 1);
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(t_count(a, 2, f.b[i]), 0);
+    CHECK_EQ(fp_arena_unref(a, 3, f.b[0]), FP_OK); /* decrements, never wraps below zero */
+    CHECK_EQ(t_count(a, 3, f.b[0]), 0xFFFFFFFFu - 3 - 1);
+    arena_free(a, size_of(a, 0) ? f.size : f.size);
+}
+
+/* A header whose magic was overwritten: the chain still walks (sizes are
+ * intact), but no one references, reuses or reclaims through that header. */
+TEST(arena_damage_magic_is_refused_by_ref_and_never_reused)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    fp_arena_block(a, f.b[1])->magic = 0x1234;
+    fp_arena_block(a, f.b[2])->magic = 0;
+    uint64_t n = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_OK);
+    fp_arena_blk_t b;
+    CHECK_EQ(fp_arena_ref(a, 3, f.b[1], f.g[1], &b, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_MAGIC);
+    CHECK_EQ(d.at, f.b[1] - f.base);
+    CHECK_EQ(t_count(a, 3, f.b[1]), 0);
+    uint64_t top = top_of(a, DR);
+    CHECK_EQ(must_alloc(a, DR, 1, NULL), f.base + top); /* free b1 is not reused */
+    uint64_t held = 0;
+    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_OK);
+    CHECK_EQ(t_count(a, 2, f.b[2]), 1); /* not through a header without magic */
+    arena_free(a, f.size);
+}
+
+/* A worker enlarges a block's size after the parent took a reference: a new
+ * reference refuses the header; the one taken before keeps its own size. */
+TEST(arena_ref_takes_the_size_once_and_refuses_an_enlarged_block)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    fp_arena_blk_t before, b;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_ref(a, 0, f.b[0], f.g[0], &before, &d), FP_OK);
+    uint64_t s0 = before.size;
+    CHECK_EQ(s0, size_of(a, f.b[0]));
+    uint64_t bad[] = {REGION, REGION + PAGE, top_of(a, DR) + PAGE, UINT64_MAX - PAGE + 1, s0 + 1, 0};
+    int why[] = {FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP,
+                 FP_ARENA_BAD_ALIGN, FP_ARENA_BAD_SIZE};
+    for (unsigned k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        fp_store64_release(&fp_arena_block(a, f.b[0])->size, bad[k]);
+        CHECK_EQ(fp_arena_ref(a, 0, f.b[0], f.g[0], &b, &d), FP_CORRUPT);
+        CHECKF(d.why == why[k] && d.value == bad[k], "size %llu: why %d", (unsigned long long)bad[k], d.why);
+        CHECK_EQ(t_count(a, 0, f.b[0]), 1); /* `before`'s: a refused ref adds none */
+    }
+    CHECK_EQ(before.size, s0); /* a private copy: no later header write reaches it */
+    /* a top lowered under the block: the block now runs past it */
+    fp_store64_release(&fp_arena_block(a, f.b[0])->size, s0);
+    fp_store64_release(fp_arena_top(a, DR), s0 - PAGE);
+    CHECK_EQ(fp_arena_ref(a, 0, f.b[0], f.g[0], &b, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_PAST_TOP);
+    arena_free(a, f.size);
+}
+
+/* Offsets from a descriptor or a caller that are not block headers: refused
+ * before any access (an access at these would fault or land elsewhere). */
+TEST(arena_offsets_outside_the_regions_are_refused_before_any_access)
+{
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size); /* 2-page minimum block */
+    uint64_t x = must_alloc(a, 3, 1, NULL), g = gen_of(a, x);
+    uint64_t bad[] = {0,
+                      a->regions_offset - PAGE,
+                      a->total_size,
+                      a->total_size + PAGE,
+                      UINT64_MAX - PAGE + 1,
+                      (uint64_t)1 << 63,
+                      x + 64,                                  /* not page-aligned */
+                      fp_arena_region(a, 3) + 16 * PAGE - PAGE /* the last page: no room for a header */};
+    for (unsigned k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        fp_arena_blk_t b;
+        fp_arena_damage_t d;
+        uint32_t n = 0;
+        int fr = 0;
+        CHECKF(fp_arena_ref(a, 0, bad[k], g, &b, &d) == FP_CORRUPT && d.why == FP_ARENA_BAD_OFFSET,
+               "offset %llu", (unsigned long long)bad[k]);
+        CHECK_EQ(fp_arena_unref(a, 0, bad[k]), FP_CORRUPT);
+        CHECK_EQ(fp_arena_count(a, 0, bad[k], &n), FP_CORRUPT);
+        CHECK_EQ(fp_arena_is_free(a, bad[k], &fr), FP_CORRUPT);
+    }
+    fp_arena_blk_t b;
+    fp_arena_damage_t d;
+    uint32_t n = 0;
+    CHECK_EQ(fp_arena_ref(a, FP_ARENA_MAX_PROCS, x, g, &b, &d), FP_CORRUPT); /* no such process */
+    CHECK_EQ(fp_arena_ref(a, UINT32_MAX, x, g, &b, &d), FP_CORRUPT);
+    CHECK_EQ(fp_arena_unref(a, FP_ARENA_MAX_PROCS, x), FP_CORRUPT);
+    CHECK_EQ(fp_arena_count(a, UINT32_MAX, x, &n), FP_CORRUPT);
+    uint64_t held = 0, fl = 0;
+    CHECK_EQ(fp_arena_reclaim(a, FP_ARENA_MAX_PROCS, &held, &d), FP_CORRUPT);
+    CHECK_EQ(fp_arena_alloc(a, FP_ARENA_MAX_PROCS, 1, &b, &fl, NULL, &d), FP_CORRUPT);
+    CHECK_EQ(fp_arena_check_region(a, FP_ARENA_MAX_PROCS, &held, &d), FP_CORRUPT);
+    CHECK_EQ(t_ref(a, 0, x, g), FP_OK);
+    arena_free(a, size);
+}
+
+/* The owner's private record of its top: a top lowered to a block boundary
+ * keeps the chain consistent, so only that record tells the next bump would
+ * land on live blocks. */
+TEST(arena_owner_notices_a_top_lowered_to_a_block_boundary)
+{
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t own = FP_ARENA_TOP_UNKNOWN, fl = 0;
+    fp_arena_blk_t b[3];
+    fp_arena_damage_t d;
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(fp_arena_alloc(a, 0, 5000, &b[i], &fl, &own, &d), FP_OK);
+    CHECK_EQ(own, top_of(a, 0));
+    fp_store64_release(fp_arena_top(a, 0), b[1].off - fp_arena_region(a, 0)); /* b1, b2 fall off the chain */
+    fp_arena_blk_t c;
+    CHECK_EQ(fp_arena_alloc(a, 0, 5000, &c, &fl, &own, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_TOP);
+    CHECK_EQ(d.value, b[1].off - fp_arena_region(a, 0));
+    CHECK_EQ(fp_arena_alloc(a, 0, 5000, &c, &fl, NULL, &d), FP_OK); /* without the record: over b1 */
+    CHECK_EQ(c.off, b[1].off);
+    arena_free(a, size);
+}
+
+/* ------------------------------------------------------------------- reset */
+
+TEST(arena_reset_of_an_intact_region_changes_nothing)
+{
+    dfix_t f = dfix();
+    uint64_t top = top_of(f.a, DR), q = 1;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_reset_region(f.a, DR, &q, &d), FP_OK);
+    CHECK_EQ(q, 0);
+    CHECK_EQ(d.why, FP_ARENA_BAD_NONE);
+    CHECK_EQ(top_of(f.a, DR), top);
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(gen_of(f.a, f.b[i]), f.g[i]);
+    CHECK_EQ(must_alloc(f.a, DR, 1, NULL), f.b[1]); /* the free block is reused as before */
+    arena_free(f.a, f.size);
+}
+
+/* The dead owner's region: b0 is held by the parent, b1 (free) has a garbage
+ * size, b2 is held by process 2.  Reset keeps b0, quarantines b1..top (b2's
+ * bytes and header included, untouched), and the next owner allocates only
+ * past the quarantine. */
+TEST(arena_reset_quarantines_from_the_damage_and_keeps_what_others_hold)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    CHECK_EQ(t_ref(a, 0, f.b[0], f.g[0]), FP_OK);
+    CHECK_EQ(t_reclaim(a, DR), 2); /* the owner died: its references on b0 and b2 go */
+    unsigned char b2_header[64];
+    memcpy(b2_header, fp_arena_block(a, f.b[2]), sizeof(b2_header));
+    uint64_t top = top_of(a, DR), s0 = size_of(a, f.b[0]);
+    fp_store64_release(&fp_arena_block(a, f.b[1])->size, UINT64_MAX - PAGE + 1);
+    uint64_t q = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_reset_region(a, DR, &q, &d), FP_OK);
+    CHECK_EQ(d.why, FP_ARENA_BAD_PAST_TOP);
+    CHECK_EQ(d.at, f.b[1] - f.base);
+    CHECK_EQ(q, top - (f.b[1] - f.base));
+    uint64_t n = 0;
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_OK);
+    CHECK_EQ(n, 2); /* b0 and the quarantine */
+    CHECK_EQ(size_of(a, f.b[0]), s0);
+    CHECK_EQ(gen_of(a, f.b[0]), f.g[0]);
+    CHECK_EQ(t_count(a, 0, f.b[0]), 1);
+    CHECK(gen_of(a, f.b[1]) != f.g[1]);
+    CHECK_EQ(t_count(a, 0, f.b[1]), FP_ARENA_PIN);
+    CHECK(memcmp(b2_header, fp_arena_block(a, f.b[2]), sizeof(b2_header)) == 0);
+    CHECK_EQ(t_count(a, 2, f.b[2]), 1);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 3000; k++)
+            CHECK_EQ(data_of(a, f.b[i])[k], 0x60 + i);
+    /* the next owner: b0 is still held, the quarantine never free */
+    uint64_t off = 0, fo = 0, fl = 0;
+    int rc;
+    while ((rc = t_alloc(a, DR, 3 * PAGE, &off, &fo, &fl)) == FP_OK)
+        CHECKF(off >= f.base + top, "allocated at +%llu, inside the quarantine", (unsigned long long)(off - f.base));
+    CHECK_EQ(rc, FP_NOSPACE);
+    fp_arena_unref(a, 0, f.b[0]);
+    CHECK_EQ(must_alloc(a, DR, 1, NULL), f.b[0]);
+    others_whole(&f, 0);
+    arena_free(a, f.size);
+}
+
+TEST(arena_reset_with_a_garbage_top_keeps_the_chain_that_holds_together)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    t_reclaim(a, DR);
+    uint64_t top = top_of(a, DR);
+    fp_store64_release(fp_arena_top(a, DR), UINT64_MAX);
+    uint64_t q = 0, n = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_reset_region(a, DR, &q, &d), FP_OK);
+    CHECK_EQ(d.why, FP_ARENA_BAD_TOP);
+    CHECK_EQ(q, REGION - top); /* past the last good block nothing can be vouched for */
+    CHECK_EQ(top_of(a, DR), REGION);
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_OK);
+    CHECK_EQ(n, 4);
+    CHECK_EQ(must_alloc(a, DR, 1, NULL), f.b[0]); /* free blocks before the damage serve again */
+    arena_free(a, f.size);
+}
+
+TEST(arena_reset_leaves_no_block_smaller_than_a_header)
+{
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size); /* 2-page minimum */
+    uint64_t base = fp_arena_region(a, 7), got[7];
+    for (int i = 0; i < 6; i++)
+        got[i] = must_alloc(a, 7, 1, NULL); /* 2 pages each */
+    got[6] = must_alloc(a, 7, PAGE, NULL);  /* 3 pages: the chain ends at 15 */
+    CHECK_EQ(got[6], base + 12 * PAGE);
+    CHECK_EQ(top_of(a, 7), 15 * PAGE);
+    for (int i = 0; i < 7; i++)
+        fp_arena_unref(a, 7, got[i]);
+    uint64_t q = 0, n = 0;
+    fp_arena_damage_t d;
+    fp_store64_release(&fp_arena_block(a, got[6])->size, 3);
+    CHECK_EQ(fp_arena_reset_region(a, 7, &q, &d), FP_OK);
+    CHECK_EQ(q, 3 * PAGE);
+    CHECK_EQ(fp_arena_check_region(a, 7, &n, &d), FP_OK);
+    /* a span of one page after the cut grows to a whole block, where the region has room */
+    fp_store64_release(&fp_arena_block(a, got[6])->size, 3);
+    fp_store64_release(fp_arena_top(a, 7), 13 * PAGE);
+    CHECK_EQ(fp_arena_reset_region(a, 7, &q, &d), FP_OK);
+    CHECK_EQ(q, 2 * PAGE);
+    CHECK_EQ(top_of(a, 7), 14 * PAGE);
+    CHECK_EQ(fp_arena_check_region(a, 7, &n, &d), FP_OK);
+    /* a cut one page before the region's end: no block fits there, the top moves to it */
+    fp_store64_release(&fp_arena_block(a, got[6])->size, 3 * PAGE);
+    fp_store64_release(fp_arena_top(a, 7), 16 * PAGE); /* past the chain's end at 15: size 0 there */
+    CHECK_EQ(fp_arena_reset_region(a, 7, &q, &d), FP_OK);
+    CHECK_EQ(d.why, FP_ARENA_BAD_SIZE);
+    CHECK_EQ(d.at, 15 * PAGE);
+    CHECK_EQ(q, 0);
+    CHECK_EQ(top_of(a, 7), 15 * PAGE);
+    CHECK_EQ(fp_arena_check_region(a, 7, &n, &d), FP_OK);
+    CHECK_EQ(n, 7);
+    arena_free(a, size);
+}
+
+/* --------------------------------------------------------------- scribbles */
+
+/* Random chains, then random header words overwritten with adversarial values
+ * (zero, one, huge, page multiples, wrapping ones), as a task running any C
+ * could.  Every call terminates with a status; damage in worker regions never
+ * reaches region 0's data; after reclaim and reset of every damaged region
+ * every chain walks clean.  Zero is never written into a count: a count zeroed
+ * under a held block is indistinguishable from a free block (see _arena.pyx). */
+static uint64_t adversarial(uint64_t x, uint64_t here)
+{
+    switch (x % 12) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return UINT64_MAX;
+    case 3: return UINT64_MAX - PAGE + 1;
+    case 4: return (uint64_t)0 - here;              /* wraps to offset 0 */
+    case 5: return (uint64_t)0 - (here - PAGE);     /* wraps to the page before */
+    case 6: return PAGE * ((x >> 8) % 64);          /* plausible page multiples */
+    case 7: return REGION;
+    case 8: return REGION + PAGE;
+    case 9: return (x >> 4) | 1;
+    case 10: return (uint64_t)1 << 63;
+    default: return x >> 3;
+    }
+}
+
+TEST(arena_random_scribbles_never_hang_crash_or_spread)
+{
+    uint64_t seed = (uint64_t)now_ns() ^ (uint64_t)getpid();
+    printf("[seed %llu] ", (unsigned long long)seed);
+    uint64_t x = seed, damaged = 0, quarantined = 0;
+    for (int round = 0; round < 400; round++) {
+        uint64_t size = 0;
+        fp_arena_view_t *a = arena_new(NPROCS, 64 * PAGE, 4 * 64 * PAGE, &size);
+        enum { NB = 12 };
+        uint64_t blk[NPROCS][NB], gen[NPROCS][NB], nb[NPROCS];
+        for (uint32_t r = 0; r < NPROCS; r++) {
+            nb[r] = 0;
+            for (int i = 0; i < NB; i++) {
+                x = splitmix64(x);
+                uint64_t off = 0, fo = 0, fl = 0;
+                if (t_alloc(a, r, x % (5 * PAGE), &off, &fo, &fl) != FP_OK)
+                    break;
+                memset(data_of(a, off), 0x30 + (int)r, size_of(a, off) - hdr(a));
+                if (x & (1ull << 40) && r != 0) /* region 0's blocks stay held: their data is checked */
+                    fp_arena_unref(a, r, off);
+                else if (x & (1ull << 41))
+                    CHECK_EQ(t_ref(a, (uint32_t)((r + 1) % NPROCS), off, gen_of(a, off)), FP_OK);
+                blk[r][nb[r]] = off;
+                gen[r][nb[r]++] = gen_of(a, off);
+            }
+        }
+        /* scribble: worker regions always, region 0 in one round of four */
+        int nscribble = 1 + (int)(splitmix64(x) % 4);
+        int hit0 = round % 4 == 0;
+        for (int k = 0; k < nscribble; k++) {
+            x = splitmix64(x);
+            uint32_t r = hit0 && k == 0 ? 0 : 1 + (uint32_t)(x % (NPROCS - 1));
+            uint64_t here = nb[r] ? blk[r][(x >> 12) % nb[r]] : fp_arena_region(a, r);
+            switch ((x >> 20) % 5) {
+            case 0: fp_store64_release(fp_arena_top(a, r), adversarial(x >> 24, 0)); break;
+            case 1: fp_store64_release(&fp_arena_block(a, here)->size, adversarial(x >> 24, here)); break;
+            case 2: fp_arena_block(a, here)->magic = adversarial(x >> 24, here); break;
+            case 3: fp_store64_release(&fp_arena_block(a, here)->gen, adversarial(x >> 24, here)); break;
+            default: fp_store32_release(&fp_block_counts(fp_arena_block(a, here))[(x >> 24) % NPROCS],
+                                        (uint32_t)adversarial(x >> 28, here) | 1u);
+            }
+        }
+        /* every call, on every region and every descriptor */
+        fp_arena_damage_t d;
+        uint64_t n, l, i, nl, held, fl, q;
+        fp_arena_blk_t b;
+        fp_arena_usage(a, &l, &i, &nl, &d);
+        for (uint32_t r = 0; r < NPROCS; r++) {
+            fp_arena_check_region(a, r, &n, &d);
+            if (fp_arena_alloc(a, r, 100, &b, &fl, NULL, &d) == FP_OK)
+                fp_arena_unref(a, r, b.off);
+            for (uint64_t j = 0; j < nb[r]; j++)
+                if (fp_arena_ref(a, 0, blk[r][j], gen[r][j], &b, &d) == FP_OK) {
+                    CHECK(b.off == blk[r][j] && b.size >= a->min_block && b.size % PAGE == 0);
+                    CHECK(b.off - fp_arena_region(a, r) + b.size <= a->region_size);
+                    fp_arena_unref(a, 0, b.off);
+                }
+        }
+        /* the dead workers' regions are reclaimed and reset; then all walk clean */
+        for (uint32_t r = 1; r < NPROCS; r++) {
+            fp_arena_reclaim(a, r, &held, &d);
+            if (fp_arena_check_region(a, r, &n, &d) != FP_OK) {
+                damaged++;
+                CHECK_EQ(fp_arena_reset_region(a, r, &q, &d), FP_OK);
+                quarantined += q;
+            }
+        }
+        if (fp_arena_check_region(a, 0, &n, &d) != FP_OK) {
+            CHECK(hit0);
+            CHECK_EQ(fp_arena_reset_region(a, 0, &q, &d), FP_OK);
+        }
+        for (uint32_t r = 0; r < NPROCS; r++)
+            CHECKF(fp_arena_check_region(a, r, &n, &d) == FP_OK, "round %d region %u: %s", round, r,
+                   fp_arena_damage_text(d.why));
+        if (!hit0)
+            for (uint64_t j = 0; j < nb[0]; j++) {
+                unsigned char *p = data_of(a, blk[0][j]);
+                uint64_t len = size_of(a, blk[0][j]) - hdr(a);
+                for (uint64_t k = 0; k < len; k++)
+                    CHECKF(p[k] == 0x30, "round %d: region 0 block %llu byte %llu changed", round,
+                           (unsigned long long)j, (unsigned long long)k);
+            }
+        arena_free(a, size);
+    }
+    printf("[%llu damaged regions reset, %llu bytes quarantined] ", (unsigned long long)damaged,
+           (unsigned long long)quarantined);
+    CHECK(damaged > 0);
+}
+
 int main(int argc, char **argv) { return check_main(argc, argv); }
