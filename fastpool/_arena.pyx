@@ -282,7 +282,27 @@ cdef class Arena:
 
     @property
     def nprocs(self):
+        """Processes the arena serves: the parent and one per worker slot."""
         return self._v.nprocs
+
+    @property
+    def region_bytes(self):
+        return self._v.region_size
+
+    @property
+    def regions_offset(self):
+        """Where region 0 starts; region r starts r * region_bytes after it."""
+        return self._v.regions_offset
+
+    @property
+    def header_bytes(self):
+        """A block header's bytes: a block's data starts this far into it."""
+        return self._v.hdr
+
+    @property
+    def base_address(self):
+        """Where this process maps the arena (0 once unmapped): for tests that scribble on it."""
+        return <size_t>self._v.base
 
     def close(self):
         """Closes the fd and stops new references.  Free blocks' pages are given
