@@ -47,7 +47,7 @@ static inline int fp_shm_map(int fd, uint64_t size, int prot, void **out)
 static inline int fp_shm_dup(int fd, int min_fd, int *out)
 {
     int d = fcntl(fd, F_DUPFD_CLOEXEC, min_fd);
-    if (d < 0 && errno == EINVAL) /* min_fd at or over RLIMIT_NOFILE */
+    if (d < 0 && (errno == EINVAL || errno == EMFILE)) /* min_fd over RLIMIT_NOFILE, or none free above it */
         d = fcntl(fd, F_DUPFD_CLOEXEC, 3);
     if (d < 0)
         return FP_ERRNO;

@@ -61,7 +61,7 @@ cdef class Arena:
     cdef fp_arena_view_t _v      # private geometry, checked once; base NULL once unmapped
     cdef void *_ro               # a read-only mapping for readonly blocks, made on first use
     cdef uint64_t _own_top       # this process's record of its own region's top (fp_arena_alloc)
-    cdef dict _held              # offset -> Blocks of this process in its own region: never handed out again
+    cdef uint32_t *_held         # per page of the own region: Blocks of this process starting there (calloc, lazy)
     cdef int _fd
     cdef readonly uint32_t proc
     cdef readonly uint64_t token
@@ -73,7 +73,9 @@ cdef class Arena:
     cdef _maybe_unmap(self)
     cdef _unmap(self)
     cdef char *_ro_base(self)
-    cdef Block _block(self, fp_arena_blk_t *blk, bint readonly)
+    cdef Block _block(self, fp_arena_blk_t *b, bint readonly)
+    cdef uint64_t _own_base(self)
+    cdef bint _holds_any(self, uint64_t off, uint64_t size)
     cdef int _usable(self) except -1
     cdef _commit(self, uint64_t off, uint64_t length, uint64_t nbytes)
     cpdef Block alloc(self, uint64_t nbytes)

@@ -40,6 +40,7 @@ import random
 import weakref
 
 from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport calloc, free
 from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT
 from cpython.ref cimport PyObject
 
@@ -208,7 +209,7 @@ cdef class Arena:
         self._ro = NULL
         self._fd = -1
         self._own_top = FP_ARENA_TOP_UNKNOWN
-        self._held = {}
+        self._held = NULL
 
     @staticmethod
     def create(nworkers, budget, str name="fastpool-arena"):
@@ -350,6 +351,7 @@ cdef class Arena:
 
     def __dealloc__(self):
         self._unmap()
+        free(self._held)
         if self._fd >= 0:
             close(self._fd)
 
@@ -380,9 +382,27 @@ cdef class Arena:
         blk._strides[0] = 1
         blk._own = (b.off - self._v.regions_offset) // self._v.region_size == self.proc
         if blk._own:
-            self._held[b.off] = self._held.get(b.off, 0) + 1
+            if self._held == NULL:  # sparse: only pages of it that index used blocks cost memory
+                self._held = <uint32_t *>calloc(self._v.region_size // FP_ARENA_PAGE, sizeof(uint32_t))
+            if self._held != NULL:
+                self._held[(b.off - self._own_base()) // FP_ARENA_PAGE] += 1
         self._blocks += 1
         return blk
+
+    cdef uint64_t _own_base(self):
+        return self._v.regions_offset + <uint64_t>self.proc * self._v.region_size
+
+    cdef bint _holds_any(self, uint64_t off, uint64_t size):
+        # A reused block of the own region must not cover a block this process
+        # still holds a Block on: free by its shared counts yet held by a private
+        # one means someone zeroed the counts, or forged a size over it.
+        cdef uint64_t i, first = (off - self._own_base()) // FP_ARENA_PAGE
+        if self._held == NULL:
+            return False
+        for i in range(first, first + size // FP_ARENA_PAGE):
+            if self._held[i]:
+                return True
+        return False
 
     cdef int _usable(self) except -1:
         if self.closed or self._v.base == NULL:
@@ -410,12 +430,11 @@ cdef class Arena:
             except BaseException:
                 fp_arena_unbump(&self._v, self.proc, &b, &self._own_top)
                 raise
-        elif b.off in self._held:
-            # Free by its counts, yet this process holds a Block on it: someone
-            # zeroed the counts.  Handing it out would put two arrays on one block.
+        elif self._holds_any(b.off, b.size):
+            # Handing it out would put two arrays on the same bytes.
             fp_arena_unref(&self._v, self.proc, b.off)
-            raise RegionCorrupt(self.proc, "the reference counts of a block this process still holds were "
-                                "zeroed", b.off - self._v.regions_offset - self.proc * self._v.region_size)
+            raise RegionCorrupt(self.proc, "a free block covers one this process still holds (its counts were "
+                                "zeroed, or a size was forged)", b.off - self._own_base())
         return self._block(&b, False)
 
     cdef _commit(self, uint64_t off, uint64_t length, uint64_t nbytes):
@@ -615,15 +634,14 @@ cdef class Block:
 
     def __dealloc__(self):
         cdef Arena a = self.arena
-        cdef dict held
+        cdef uint64_t i
         if a is not None:
             if a._v.base != NULL:
                 fp_arena_unref(&a._v, a.proc, self.off)
-            held = a._held
-            if self._own and held is not None:
-                n = held.pop(self.off, 1) - 1
-                if n > 0:
-                    held[self.off] = n
+            if self._own and a._held != NULL:
+                i = (self.off - a._own_base()) // FP_ARENA_PAGE
+                if a._held[i]:
+                    a._held[i] -= 1
             a._blocks -= 1
             a._maybe_unmap()
 

@@ -207,9 +207,21 @@ def test_zeroed_counts_under_a_held_block_are_refused_not_handed_out_twice(arena
     arr = filled(arena, 1000, 9.0)
     blk = _arena_block(arr)
     poke32(arena, blk.off + COUNT_AT, 0)  # a worker zeroes the parent's count: the block looks free
-    with pytest.raises(_arena.RegionCorrupt, match="still holds were zeroed"):
+    with pytest.raises(_arena.RegionCorrupt, match="covers one this process still holds"):
         arena.alloc(1000)
     assert (arr == 9.0).all()
+
+
+def test_a_free_block_forged_to_cover_a_held_one_is_refused(arena):
+    first, held, last = filled(arena, 1000, 1.0), filled(arena, 1000, 2.0), filled(arena, 1000, 3.0)
+    a_off, b_off = _arena_block(first).off, _arena_block(held).off
+    del first  # free
+    size_a, size_b = peek64(arena, a_off + SIZE_AT), peek64(arena, b_off + SIZE_AT)
+    poke64(arena, a_off + SIZE_AT, size_a + size_b)  # a plausible chain: first, now over held, then last
+    assert arena.check_region(0) == 2
+    with pytest.raises(_arena.RegionCorrupt, match="covers one this process still holds"):
+        arena.alloc(size_a + size_b - arena.header_bytes)
+    assert (held == 2.0).all() and (last == 3.0).all()
 
 
 def test_reset_region_quarantines_the_damage_and_keeps_blocks_others_map(arena):
