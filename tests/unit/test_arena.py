@@ -112,6 +112,20 @@ def test_the_memfd_cannot_be_shrunk_or_grown_by_anyone_holding_its_fd(arena):
         assert info.value.errno == errno.EPERM
 
 
+def test_attach_checks_the_header_copy_against_the_file_s_real_size(arena):
+    head = os.pread(arena.fileno(), PAGE, 0)
+    for size, why in ((100, "too short"), (2 * PAGE, "magic or layout")):
+        fd = os.memfd_create("fake-arena")
+        try:
+            os.write(fd, head[:size])  # the real header, in a file too short for the arena it describes
+            with pytest.raises(errors.SegmentCorrupt, match=why):
+                _arena.Arena.attach(fd, 1)
+        finally:
+            os.close(fd)
+    with pytest.raises(errors.SegmentCorrupt, match="outside the arena"):
+        _arena.Arena.attach(arena.fileno(), 4)
+
+
 # ---- damage ---------------------------------------------------------------------------
 
 
