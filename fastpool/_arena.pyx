@@ -7,58 +7,53 @@
     alloc(n) -> Block in region 0                    alloc(n) -> Block in region 1 + slot
     Block in a call's pins ---(off, gen) in ring---> ref(off, gen) -> Block (own counter)
     ref(off, gen) + unref_for(w) <--(off, gen)------ handoff(off): +1 the parent takes over
-    reclaim(slot) after the worker died
+    reclaim(slot) after the worker died; check_region / reset_region when a chain is damaged
 
 A Block holds one reference of its process and exports the block's bytes as a
 buffer; ndarrays are views over it, so the block lives while any view does.
 A Block also keeps its Arena object, hence the mapping, alive: an array used
 after its pool shut down is still plain memory, never a dangling pointer.
+
+Distrust (issue 9).  Every worker maps the whole arena read-write and runs any
+code, so every header may be garbage.  Each Arena keeps a private
+fp_arena_view_t (its own base and the geometry checked once at create or
+attach); the C functions take that view and read each shared length once,
+check it, then use it, and every walk goes through the one bounded walker in
+fp_arena.h.  Damage comes back as RegionCorrupt (a SegmentCorrupt) naming the
+region, never as a hang or a crash, and a Block keeps the length it was given
+when it was made: rewriting a header later changes nothing NumPy sees.
+
+What a worker can still overwrite: the data of every block, and every block
+header, in every region; only its own process suffers for headers it breaks
+in its own region once the parent resets that region, but data it scribbles
+over is simply changed.  A readonly block (share(arr, readonly=True)) is
+mapped PROT_READ in the process that receives it, so a stray write there
+faults in that process instead.  Keeping a worker from writing other regions
+needs the reference counts out of the block headers (a count table per
+process, in pages of its own): headers share their first page with data,
+and every process must write its counter in blocks of every region.
 """
 
+import operator
 import os
 import random
 import weakref
 
 from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport calloc, free
 from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT
 from cpython.ref cimport PyObject
+
+cdef extern from "Python.h":
+    const Py_ssize_t PY_SSIZE_T_MAX
 
 from fastpool import errors
 
 from fastpool._sys cimport (
-    EINVAL, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FP_CORRUPT, FP_OK, MAP_FAILED, MAP_NORESERVE,
-    MAP_SHARED, PROT_READ, PROT_WRITE, close, errno, fallocate, fp_a64, fp_load64_acquire, ftruncate,
-    madvise, mmap, munmap, pread,
+    EINVAL, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FP_CORRUPT, FP_ERRNO, FP_OK, PROT_READ, PROT_WRITE,
+    close, errno, fallocate, madvise, munmap,
 )
-
-cdef extern from "fp_arena.h" nogil:
-    int FP_NOSPACE, FP_STALE
-    ctypedef struct fp_arena_t:
-        uint64_t magic
-        uint32_t nprocs
-        uint64_t region_size
-        uint64_t budget
-        uint64_t total_size
-        uint64_t token
-        uint64_t regions_offset
-    uint64_t fp_arena_hdr_size(uint32_t nprocs)
-    uint64_t fp_arena_size(uint32_t nprocs, uint64_t region_size)
-    int fp_arena_init(fp_arena_t *a, uint32_t nprocs, uint64_t region_size, uint64_t budget, uint64_t token)
-    int fp_arena_check(const fp_arena_t *a, uint64_t mapped)
-    int fp_arena_alloc(fp_arena_t *a, uint32_t p, uint64_t nbytes, uint64_t *out_off, uint64_t *fresh_off,
-                       uint64_t *fresh_len)
-    void fp_arena_unbump(fp_arena_t *a, uint32_t p, uint64_t off)
-    int fp_arena_ref(fp_arena_t *a, uint32_t p, uint64_t off, uint64_t gen)
-    void fp_arena_unref(fp_arena_t *a, uint32_t p, uint64_t off)
-    uint32_t fp_arena_count(fp_arena_t *a, uint32_t p, uint64_t off)
-    uint64_t fp_arena_reclaim(fp_arena_t *a, uint32_t p)
-    void fp_arena_usage(fp_arena_t *a, uint64_t *live, uint64_t *idle, uint64_t *nlive)
-    ctypedef struct fp_block_t:
-        fp_a64 gen
-        fp_a64 size
-    fp_block_t *fp_arena_block(fp_arena_t *a, uint64_t off)
-    fp_a64 *fp_arena_top(fp_arena_t *a, uint32_t p)
-    int fp_block_free(fp_block_t *b, uint32_t nprocs)
+from fastpool._shm cimport FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map
 
 # Detaching an ndarray in place (fastpool.transfer): NumPy has no API to take
 # the memory away from an array object, so this writes its fields: every
@@ -114,6 +109,7 @@ cdef extern from *:
 DEF MADV_POPULATE_WRITE = 23
 
 PARENT = 0
+ARENA_MIN_BYTES = 1 << 20
 ARENA_MAX_DEFAULT_BYTES = 64 << 30
 MEMINFO_CHECK_BYTES = 16 << 20  # fresh blocks this large check MemAvailable first
 
@@ -147,6 +143,60 @@ cdef str _mib(uint64_t n):
     return f"{n / 1048576.0:.1f} MiB"
 
 
+class RegionCorrupt(errors.SegmentCorrupt):
+    """A block chain in the shared arena is damaged: some process wrote over its headers.
+
+    ``region`` is the arena region (0: the parent, 1 + s: worker slot s), ``slot``
+    that worker slot (None for the parent), ``offset`` where in the region the
+    chain broke and ``detail`` what was read there.  Every worker maps the arena
+    read-write, so the culprit is usually, not always, the region's own process."""
+
+    def __init__(self, region: int, detail: str, offset: int = 0) -> None:
+        super().__init__(region, detail, offset)  # kept in .args, so it pickles
+        self.region, self.detail, self.offset = region, detail, offset
+        self.slot = region - 1 if region > 0 else None
+
+    def __str__(self) -> str:
+        who = "the parent" if self.region == 0 else f"worker slot {self.slot}"
+        return (f"shared arena region {self.region} ({who}) is corrupt at +{self.offset}: {self.detail}; a task "
+                "wrote over the arena's block headers (every worker maps them), so that region's blocks can no "
+                "longer be walked")
+
+
+cdef object _damage_error(const fp_arena_damage_t *d, uint32_t nprocs):
+    text = fp_arena_damage_text(d.why).decode()
+    if d.region >= nprocs:
+        return errors.SegmentCorrupt(f"no shared block at arena offset {d.at}: {text} (read {d.value})")
+    return RegionCorrupt(d.region, f"{text} (read {d.value})", d.at)
+
+
+def geometry(nworkers, budget):
+    """(nprocs, region_bytes, total_bytes) of an arena for nworkers and a budget.
+
+    Raises TypeError for a non-integer and ValueError for sizes the layout cannot
+    hold: fewer than 1 MiB, or regions (one per process, each as large as the
+    budget, of address space only) that would span more than FP_ARENA_MAX_BYTES."""
+    try:
+        nworkers, budget = operator.index(nworkers), operator.index(budget)
+    except TypeError:
+        raise TypeError(f"arena_bytes and the worker count must be integers, not {budget!r}, "
+                        f"{nworkers!r}") from None
+    if not 1 <= nworkers < FP_ARENA_MAX_PROCS:
+        raise ValueError(f"an arena serves 1 to {FP_ARENA_MAX_PROCS - 1} workers, not {nworkers}")
+    if budget < ARENA_MIN_BYTES:
+        raise ValueError(f"arena_bytes must be at least 1 MiB, not {budget}")
+    nprocs = nworkers + 1
+    cap = (FP_ARENA_MAX_BYTES - FP_ARENA_PAGE * (1 + (8 * nprocs + 128) // FP_ARENA_PAGE)) // nprocs
+    cap -= cap % FP_ARENA_PAGE
+    if budget > cap:
+        raise ValueError(
+            f"arena_bytes={budget} is too large for {nworkers} workers: each of the {nprocs} processes gets "
+            f"a region of address space as large as the budget, and together they may span at most "
+            f"{FP_ARENA_MAX_BYTES >> 40} TiB; pass at most {cap} ({cap >> 30} GiB)")
+    region = (budget + FP_ARENA_PAGE - 1) // FP_ARENA_PAGE * FP_ARENA_PAGE
+    return nprocs, region, fp_arena_size(nprocs, region)
+
+
 cdef class Arena:
     """One mapping of a pool's arena.  The parent creates it; each worker attaches by fd.
 
@@ -154,73 +204,74 @@ cdef class Arena:
     never release it, so the one-allocator-per-region rule holds per process.
     """
 
-    cdef fp_arena_t *_a
-    cdef size_t _size
-    cdef int _fd
-    cdef readonly uint32_t proc
-    cdef readonly uint64_t token
-    cdef readonly bint closed
-    cdef Py_ssize_t _blocks  # live Block objects: the mapping outlives close() while any exists
-    cdef object __weakref__
-
     def __cinit__(self):
-        self._a = NULL
+        self._v.base = NULL
+        self._ro = NULL
         self._fd = -1
+        self._own_top = FP_ARENA_TOP_UNKNOWN
+        self._held = NULL
 
     @staticmethod
-    def create(int nworkers, uint64_t budget, str name="fastpool-arena"):
-        """A fresh arena in a new memfd (nothing in /dev/shm).  Each region may
-        hold the whole budget: the budget, not the region, limits what is used."""
+    def create(nworkers, budget, str name="fastpool-arena"):
+        """A fresh arena in a new sealed memfd (nothing in /dev/shm).  Each region
+        may hold the whole budget: the budget, not the region, limits what is used.
+
+        Raises ValueError for sizes the layout cannot hold (see geometry) and
+        SharedMemoryError when the kernel refuses the memfd or its mapping."""
         cdef Arena self = Arena.__new__(Arena)
-        cdef uint32_t nprocs = nworkers + 1
-        if budget < (1 << 20):
-            raise ValueError("arena_bytes must be at least 1 MiB")
-        cdef uint64_t region = (budget + 4095) & ~(<uint64_t>4095)
-        cdef uint64_t size = fp_arena_size(nprocs, region)
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
-        try:
-            if ftruncate(fd, <long>size) != 0:
-                raise errors.SharedMemoryError(
-                    f"cannot size the shared arena to {size} bytes: {os.strerror(errno)}; pass a "
-                    "smaller Pool(arena_bytes=...)")
-            self._map(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
+        nprocs, region, size = geometry(nworkers, budget)
+        cdef int fd = -1
+        cdef void *p = NULL
+        if fp_shm_create(name.encode(), size, &fd, &p) != FP_OK:
+            raise errors.SharedMemoryError(
+                f"cannot create the shared arena ({size} bytes of address space): {os.strerror(errno)}; "
+                "pass a smaller Pool(arena_bytes=...)")
         token = random.getrandbits(63) | 1
-        if fp_arena_init(self._a, nprocs, region, budget, token) != FP_OK:
+        if fp_arena_init(p, size, nprocs, region, budget, token, &self._v) != FP_OK:
+            munmap(p, size)  # unreachable: geometry() checked the same bounds
+            close(fd)
             raise errors.SegmentCorrupt("arena init: bad sizes")
+        self._fd = fd
         self.proc = PARENT
         self._register()
         return self
 
     @staticmethod
     def attach(int fd, uint32_t proc):
-        """Maps an existing arena from an inherited fd (the fd stays the caller's)."""
+        """Maps an existing arena from an inherited fd (the fd stays the caller's).
+
+        The header is read once into private memory and checked against the
+        file's real size; the geometry used from then on is that copy."""
         cdef Arena self = Arena.__new__(Arena)
         cdef fp_arena_t head
-        if pread(fd, &head, sizeof(fp_arena_t), 0) != sizeof(fp_arena_t):
+        cdef uint64_t file_size = 0
+        cdef int own = -1
+        cdef void *p = NULL
+        cdef int rc = fp_shm_attach(fd, &head, sizeof(fp_arena_t), &file_size)
+        if rc == FP_ERRNO:
+            raise OSError(errno, f"cannot read the shared arena: {os.strerror(errno)}")
+        if rc != FP_OK:
             raise errors.SegmentCorrupt("the shared arena is too short to be one")
-        if fp_arena_check(&head, head.total_size if head.total_size < (1ULL << 46) else 0) != FP_OK:
+        if fp_arena_attach(&head, NULL, file_size, &self._v) != FP_OK:
             raise errors.SegmentCorrupt("the shared arena's magic or layout version does not match "
                                         "this fastpool build")
-        if proc >= head.nprocs:
-            raise errors.SegmentCorrupt(f"process index {proc} is outside the arena's {head.nprocs}")
-        self._map(os.dup(fd), head.total_size)
+        if proc >= self._v.nprocs:
+            raise errors.SegmentCorrupt(f"process index {proc} is outside the arena's {self._v.nprocs}")
+        if fp_shm_dup(fd, FP_SHM_FD_FLOOR, &own) != FP_OK:
+            raise OSError(errno, f"cannot duplicate the shared arena's fd: {os.strerror(errno)}")
+        if fp_shm_map(own, self._v.total_size, PROT_READ | PROT_WRITE, &p) != FP_OK:
+            e = errno
+            close(own)
+            raise errors.SharedMemoryError(
+                f"cannot map the shared arena ({self._v.total_size} bytes): {os.strerror(e)}")
+        self._v.base = <unsigned char *>p
+        self._fd = own
         self.proc = proc
         self._register()
         return self
 
-    cdef _map(self, int fd, uint64_t size):
-        cdef void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0)
-        if p == MAP_FAILED:
-            raise errors.SharedMemoryError(f"cannot map the shared arena ({size} bytes): {os.strerror(errno)}")
-        self._a = <fp_arena_t *>p
-        self._size = size
-        self._fd = fd
-
-    cdef _register(self):
-        self.token = self._a.token
+    def _register(self):
+        self.token = self._v.token
         _registry[self.token] = weakref.ref(self)
 
     def fileno(self):
@@ -228,69 +279,133 @@ cdef class Arena:
 
     @property
     def budget(self):
-        return self._a.budget if self._a != NULL else 0
+        return self._v.budget if self._v.base != NULL else 0
+
+    @property
+    def nprocs(self):
+        """Processes the arena serves: the parent and one per worker slot."""
+        return self._v.nprocs
+
+    @property
+    def region_bytes(self):
+        return self._v.region_size
+
+    @property
+    def regions_offset(self):
+        """Where region 0 starts; region r starts r * region_bytes after it."""
+        return self._v.regions_offset
+
+    @property
+    def header_bytes(self):
+        """A block header's bytes: a block's data starts this far into it."""
+        return self._v.hdr
+
+    @property
+    def base_address(self):
+        """Where this process maps the arena (0 once unmapped): for tests that scribble on it."""
+        return <size_t>self._v.base
 
     def close(self):
         """Closes the fd and stops new references.  Free blocks' pages are given
-        back now; the mapping goes when the last Block of this process does, so
-        arrays still held stay valid memory.  Idempotent."""
+        back now (a damaged region's only up to its damage: close never raises
+        for damage); the mapping goes when the last Block of this process does,
+        so arrays still held stay valid memory.  Idempotent."""
         if self.closed:
             return
         self.closed = True
         if _registry.get(self.token) is not None and _registry[self.token]() is self:
             del _registry[self.token]
         if self._fd >= 0:
-            if self._a != NULL:
+            if self._v.base != NULL:
                 self._punch_free()
             close(self._fd)
             self._fd = -1
         self._maybe_unmap()
 
     cdef _punch_free(self):
+        # Pages from the first whole page after the header: a free block's header
+        # stays readable (zero counts) for a process that still walks the chain.
+        cdef fp_arena_walk_t w
+        cdef uint64_t off = 0, s = 0, skip = fp_arena_align(self._v.hdr, FP_ARENA_PAGE)
         cdef uint32_t r
-        cdef uint64_t base, end, off, s
-        cdef fp_block_t *b
-        for r in range(self._a.nprocs):
-            base = self._a.regions_offset + r * self._a.region_size
-            end = base + fp_load64_acquire(fp_arena_top(self._a, r))
-            off = base
-            while off < end:
-                b = fp_arena_block(self._a, off)
-                s = fp_load64_acquire(&b.size)
-                if s < 4096 or off + s > end:
-                    break
-                if fp_block_free(b, self._a.nprocs):
-                    fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, <long>(off + 4096),
-                              <long>(s - 4096))
-                off += s
+        cdef int free_ = 0
+        for r in range(self._v.nprocs):
+            if fp_arena_walk_begin(&w, &self._v, r) != FP_OK:
+                continue
+            while fp_arena_walk_next(&w, &off, &s) == 1:
+                if s > skip and fp_arena_is_free(&self._v, off, &free_) == FP_OK and free_:
+                    fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, <long>(off + skip),
+                              <long>(s - skip))
 
     cdef _maybe_unmap(self):
-        if self.closed and self._blocks == 0 and self._a != NULL:
-            munmap(self._a, self._size)
-            self._a = NULL
+        if self.closed and self._blocks == 0:
+            self._unmap()
+
+    cdef _unmap(self):
+        if self._v.base != NULL:
+            munmap(self._v.base, self._v.total_size)
+            self._v.base = NULL
+        if self._ro != NULL:
+            munmap(self._ro, self._v.total_size)
+            self._ro = NULL
 
     def __dealloc__(self):
-        if self._a != NULL:
-            munmap(self._a, self._size)
+        self._unmap()
+        free(self._held)
         if self._fd >= 0:
             close(self._fd)
 
-    cdef Block _block(self, uint64_t off, bint readonly):
+    cdef char *_ro_base(self):
+        # A second, PROT_READ mapping of the same memfd, made once: readonly blocks
+        # are exposed through it, so a write that ignores NumPy's flag (a C
+        # extension, a ctypes pointer) faults here instead of changing the bytes
+        # other processes read.  If the kernel refuses it, the read-write mapping
+        # serves (the buffer is still exported read-only).
+        cdef void *p = NULL
+        if self._ro == NULL and self._fd >= 0:
+            if fp_shm_map(self._fd, self._v.total_size, PROT_READ, &p) == FP_OK:
+                self._ro = p
+        return <char *>(self._ro if self._ro != NULL else self._v.base)
+
+    cdef Block _block(self, fp_arena_blk_t *b, bint readonly):
+        # b comes from fp_arena_alloc or fp_arena_ref: its size was read once and
+        # checked to hold a header and to end inside its region's top.
         cdef Block blk = Block.__new__(Block)
-        cdef uint64_t hdr = fp_arena_hdr_size(self._a.nprocs)
+        cdef char *base = self._ro_base() if readonly else <char *>self._v.base
         blk.arena = self
-        blk.off = off
-        blk.gen = fp_load64_acquire(&fp_arena_block(self._a, off).gen)
-        blk.nbytes = fp_load64_acquire(&fp_arena_block(self._a, off).size) - hdr
-        blk.data = (<char *>self._a) + off + hdr
+        blk.off = b.off
+        blk.gen = b.gen
+        blk.nbytes = b.size - self._v.hdr
+        blk.data = base + b.off + self._v.hdr
         blk.readonly = readonly
         blk._shape[0] = <Py_ssize_t>blk.nbytes
         blk._strides[0] = 1
+        blk._own = (b.off - self._v.regions_offset) // self._v.region_size == self.proc
+        if blk._own:
+            if self._held == NULL:  # sparse: only pages of it that index used blocks cost memory
+                self._held = <uint32_t *>calloc(self._v.region_size // FP_ARENA_PAGE, sizeof(uint32_t))
+            if self._held != NULL:
+                self._held[(b.off - self._own_base()) // FP_ARENA_PAGE] += 1
         self._blocks += 1
         return blk
 
+    cdef uint64_t _own_base(self):
+        return self._v.regions_offset + <uint64_t>self.proc * self._v.region_size
+
+    cdef bint _holds_any(self, uint64_t off, uint64_t size):
+        # A reused block of the own region must not cover a block this process
+        # still holds a Block on: free by its shared counts yet held by a private
+        # one means someone zeroed the counts, or forged a size over it.
+        cdef uint64_t i, first = (off - self._own_base()) // FP_ARENA_PAGE
+        if self._held == NULL:
+            return False
+        for i in range(first, first + size // FP_ARENA_PAGE):
+            if self._held[i]:
+                return True
+        return False
+
     cdef int _usable(self) except -1:
-        if self.closed or self._a == NULL:
+        if self.closed or self._v.base == NULL:
             raise errors.PoolClosed("this pool's shared memory is closed: the pool was shut down")
         return 0
 
@@ -298,21 +413,29 @@ cdef class Arena:
         """A block of at least nbytes in this process's region, holding its reference.
 
         Raises SharedMemoryError, before touching anything, when the arena's
-        budget or the machine's free memory cannot hold it."""
+        budget or the machine's free memory cannot hold it, and RegionCorrupt
+        when this process's region is damaged."""
         self._usable()
-        cdef uint64_t off = 0, fresh_off = 0, fresh_len = 0
-        cdef int rc = fp_arena_alloc(self._a, self.proc, nbytes, &off, &fresh_off, &fresh_len)
+        cdef fp_arena_blk_t b
+        cdef fp_arena_damage_t d
+        cdef uint64_t fresh_len = 0
+        cdef int rc = fp_arena_alloc(&self._v, self.proc, nbytes, &b, &fresh_len, &self._own_top, &d)
         if rc == FP_NOSPACE:
             raise self._nospace(nbytes, "")
         if rc != FP_OK:
-            raise errors.SegmentCorrupt(f"arena allocator status {rc}: its block chain is damaged")
+            raise _damage_error(&d, self._v.nprocs)
         if fresh_len:
             try:
-                self._commit(fresh_off, fresh_len, nbytes)
+                self._commit(b.off, fresh_len, nbytes)
             except BaseException:
-                fp_arena_unbump(self._a, self.proc, off)
+                fp_arena_unbump(&self._v, self.proc, &b, &self._own_top)
                 raise
-        return self._block(off, False)
+        elif self._holds_any(b.off, b.size):
+            # Handing it out would put two arrays on the same bytes.
+            fp_arena_unref(&self._v, self.proc, b.off)
+            raise RegionCorrupt(self.proc, "a free block covers one this process still holds (its counts were "
+                                "zeroed, or a size was forged)", b.off - self._own_base())
+        return self._block(&b, False)
 
     cdef _commit(self, uint64_t off, uint64_t length, uint64_t nbytes):
         # Fresh pages are taken now, where failure is an exception: a page the
@@ -325,7 +448,7 @@ cdef class Arena:
             if avail is not None and length > avail:
                 raise self._nospace(nbytes, f"the machine has {_mib(avail)} available")
         with nogil:
-            rc = madvise((<char *>self._a) + off, length, MADV_POPULATE_WRITE)
+            rc = madvise(self._v.base + off, length, MADV_POPULATE_WRITE)
         if rc != 0 and errno == EINVAL and self._fd >= 0:  # kernel older than 5.14
             with nogil:
                 rc = fallocate(self._fd, 0, <long>off, <long>length)
@@ -333,7 +456,7 @@ cdef class Arena:
             raise self._nospace(nbytes, f"the kernel refused the pages: {os.strerror(errno)}")
 
     def _nospace(self, uint64_t nbytes, str why):
-        u = self.usage()
+        u = self._usage(False)
         return errors.SharedMemoryError(
             f"cannot place {_mib(nbytes)} in the pool's shared memory: {_mib(u['live_bytes'])} of its "
             f"{_mib(u['budget_bytes'])} budget is in use by live arrays, {_mib(u['free_bytes'])} is free "
@@ -342,60 +465,140 @@ cdef class Arena:
             "at most 64 GiB); in a container, raise its memory limit")
 
     cpdef Block ref(self, uint64_t off, uint64_t gen, bint readonly):
-        """This process's own reference on a block named by a descriptor."""
+        """This process's own reference on a block named by a descriptor.
+
+        The Block's length is the block's size read once and checked here; it
+        never changes afterwards.  Raises SharedMemoryError for a reused block
+        and SegmentCorrupt (RegionCorrupt when a region is to blame) for an
+        offset or a header that does not check out."""
         self._usable()
-        cdef int rc = fp_arena_ref(self._a, self.proc, off, gen)
+        cdef fp_arena_blk_t b
+        cdef fp_arena_damage_t d
+        cdef int rc = fp_arena_ref(&self._v, self.proc, off, gen, &b, &d)
         if rc == FP_STALE:
             raise errors.SharedMemoryError(
                 f"shared block at {off} was reused before this descriptor was read (fastpool bug)")
         if rc != FP_OK:
-            raise errors.SegmentCorrupt(f"no shared block at offset {off}")
-        return self._block(off, readonly)
+            raise _damage_error(&d, self._v.nprocs)
+        return self._block(&b, readonly)
 
     def handoff(self, Block blk):
         """One more reference for this process, that the receiver drops (unref_for)."""
         self._usable()
-        fp_arena_ref(self._a, self.proc, blk.off, blk.gen)
+        cdef fp_arena_blk_t b
+        cdef fp_arena_damage_t d
+        cdef int rc = fp_arena_ref(&self._v, self.proc, blk.off, blk.gen, &b, &d)
+        if rc == FP_STALE:
+            raise errors.SegmentCorrupt(f"shared block at {blk.off} changed generation while referenced")
+        if rc != FP_OK:
+            raise _damage_error(&d, self._v.nprocs)
 
     def unref_for(self, uint32_t proc, uint64_t off):
-        if self._a != NULL and proc < self._a.nprocs:
-            fp_arena_unref(self._a, proc, off)
+        """Drops one reference of process proc; an offset that is no block header is ignored."""
+        if self._v.base != NULL:
+            fp_arena_unref(&self._v, proc, off)
 
     def count(self, uint32_t proc, uint64_t off):
-        """References process proc holds on the block at off (tests, telemetry)."""
-        return fp_arena_count(self._a, proc, off) if self._a != NULL else 0
+        """References process proc holds on the block at off (tests, telemetry).
+
+        Raises ValueError when off cannot be a block header or proc is out of range."""
+        cdef uint32_t n = 0
+        if self._v.base == NULL:
+            return 0
+        if fp_arena_count(&self._v, proc, off, &n) != FP_OK:
+            raise ValueError(f"no block header of process {proc} at offset {off}")
+        return n
 
     def is_free(self, uint64_t off):
-        return bool(fp_block_free(fp_arena_block(self._a, off), self._a.nprocs))
+        cdef int free_ = 0
+        if self._v.base == NULL or fp_arena_is_free(&self._v, off, &free_) != FP_OK:
+            raise ValueError(f"no block header at offset {off}")
+        return bool(free_)
 
     def reclaim(self, int slot):
-        """Drops every reference worker slot held (it died).  Returns how many blocks it held."""
-        if self._a == NULL or slot < 0 or slot + 1 >= <int>self._a.nprocs:
-            return 0
-        return fp_arena_reclaim(self._a, slot + 1)
+        """Drops every reference worker slot held (it died).  Returns how many blocks it held.
 
-    def usage(self):
-        """Bytes in blocks referenced by someone, in freed blocks, and the budget."""
+        Raises RegionCorrupt naming the first damaged region, after every
+        intact region (and each damaged one up to its damage) was reclaimed."""
+        cdef uint64_t held = 0
+        cdef fp_arena_damage_t d
+        if self._v.base == NULL or slot < 0 or slot + 1 >= <int>self._v.nprocs:
+            return 0
+        if fp_arena_reclaim(&self._v, slot + 1, &held, &d) != FP_OK:
+            raise _damage_error(&d, self._v.nprocs)
+        return held
+
+    def check_region(self, uint32_t region):
+        """Walks region (0: the parent, 1 + s: worker slot s); returns its block count.
+
+        Raises RegionCorrupt saying where and what, ValueError for no such region."""
+        cdef uint64_t n = 0
+        cdef fp_arena_damage_t d
+        if region >= self._v.nprocs:
+            raise ValueError(f"the arena has regions 0 to {self._v.nprocs - 1}, not {region}")
+        if self._v.base != NULL and fp_arena_check_region(&self._v, region, &n, &d) != FP_OK:
+            raise _damage_error(&d, self._v.nprocs)
+        return n
+
+    def corrupt_regions(self):
+        """{region: RegionCorrupt} for every damaged region (empty when all are whole)."""
+        cdef uint64_t n = 0
+        cdef fp_arena_damage_t d
+        cdef uint32_t r
+        found = {}
+        if self._v.base == NULL:
+            return found
+        for r in range(self._v.nprocs):
+            if fp_arena_check_region(&self._v, r, &n, &d) != FP_OK:
+                found[r] = _damage_error(&d, self._v.nprocs)
+        return found
+
+    def reset_region(self, uint32_t region):
+        """Makes a damaged region's chain whole again, for the next process in that slot.
+
+        Call it in the parent after the region's worker died and reclaim(slot)
+        ran (a live owner would race the repair), or on this process's own
+        region.  Blocks before the damage stay as they are; from the damage to
+        the region's old top (its end, if the top itself is garbage) one block
+        is quarantined: pinned, never reused, because other processes may still
+        map blocks there, whose bytes are left untouched.  Returns the bytes
+        quarantined (0: the chain was whole).  Raises ValueError for a region
+        out of range, or another process's region from a worker."""
+        cdef uint64_t q = 0
+        cdef fp_arena_damage_t d
+        self._usable()
+        if region >= self._v.nprocs:
+            raise ValueError(f"the arena has regions 0 to {self._v.nprocs - 1}, not {region}")
+        if self.proc != PARENT and region != self.proc:
+            raise ValueError("only the parent resets another process's region")
+        fp_arena_reset_region(&self._v, region, &q, &d)
+        if region == self.proc:
+            self._own_top = FP_ARENA_TOP_UNKNOWN
+        return q
+
+    def _usage(self, bint strict):
         cdef uint64_t live = 0, idle = 0, nlive = 0
-        if self._a == NULL:
+        cdef fp_arena_damage_t d
+        if self._v.base == NULL:
             return dict(live_bytes=0, free_bytes=0, live_blocks=0, budget_bytes=0, unused_bytes=0)
-        fp_arena_usage(self._a, &live, &idle, &nlive)
-        budget = self._a.budget
+        if fp_arena_usage(&self._v, &live, &idle, &nlive, &d) != FP_OK and strict:
+            raise _damage_error(&d, self._v.nprocs)
+        budget = self._v.budget
         return dict(live_bytes=live, free_bytes=idle, live_blocks=nlive, budget_bytes=budget,
                     unused_bytes=max(0, budget - live - idle))
 
+    def usage(self):
+        """Bytes in blocks referenced by someone, in freed blocks, and the budget.
+
+        Raises RegionCorrupt when a region's chain is damaged."""
+        return self._usage(True)
+
 
 cdef class Block:
-    """One reference of this process on one block; exports its bytes as a buffer."""
+    """One reference of this process on one block; exports its bytes as a buffer.
 
-    cdef Arena arena
-    cdef readonly uint64_t off
-    cdef readonly uint64_t gen
-    cdef readonly uint64_t nbytes
-    cdef readonly bint readonly
-    cdef char *data
-    cdef Py_ssize_t _shape[1]
-    cdef Py_ssize_t _strides[1]
+    Its offset, generation and length are private copies taken when it was
+    made: nothing a process writes into the shared header later changes them."""
 
     @property
     def address(self):
@@ -431,9 +634,14 @@ cdef class Block:
 
     def __dealloc__(self):
         cdef Arena a = self.arena
+        cdef uint64_t i
         if a is not None:
-            if a._a != NULL:
-                fp_arena_unref(a._a, a.proc, self.off)
+            if a._v.base != NULL:
+                fp_arena_unref(&a._v, a.proc, self.off)
+            if self._own and a._held != NULL:
+                i = (self.off - a._own_base()) // FP_ARENA_PAGE
+                if a._held[i]:
+                    a._held[i] -= 1
             a._blocks -= 1
             a._maybe_unmap()
 
@@ -482,9 +690,14 @@ def new_array(Arena arena, shape, dtype, order="C", bint zero=False):
     shp = (int(shape),) if isinstance(shape, (int, numpy.integer)) else tuple(int(s) for s in shape)
     if any(s < 0 for s in shp):
         raise ValueError(f"negative dimensions are not allowed: {shp}")
+    # Python ints do not wrap; the bound is what a buffer (Py_ssize_t) can span.
+    # A size past the arena's budget is SharedMemoryError from alloc, saying so.
     n = dt.itemsize
     for s in shp:
         n *= s
+    if n > PY_SSIZE_T_MAX:
+        raise ValueError(f"an array of shape {shp} and dtype {dt} would take {n} bytes, more than a "
+                         "process can address")
     blk = arena.alloc(n)
     arr = numpy.ndarray(shp, dt, buffer=blk, order=order)
     if zero and n:

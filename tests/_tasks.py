@@ -152,3 +152,17 @@ def submit_from_callback(executor: Any, n: int, out: list, errors: list) -> Any:
             errors.append(exc)
 
     return callback
+
+
+def scribble_arena_top() -> Any:
+    """Overwrites this worker's arena region top with a wrapping value (as a stray
+    write from a C extension could), then returns an array that needs that region."""
+    import ctypes
+
+    import numpy as np
+
+    from fastpool import _codec
+
+    arena = _codec._PROCESS_ARENA[0]
+    ctypes.c_uint64.from_address(arena.base_address + 128 + 8 * arena.proc).value = 2**64 - 4096
+    return np.ones(1 << 18)

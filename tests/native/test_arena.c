@@ -10,6 +10,7 @@
  * that still took references, generations repeating at an offset, a size that
  * wrapped around, and a reference racing a reuse (now claimed gen-first). */
 #include <signal.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -47,35 +48,119 @@ static uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* A zero-filled shared mapping, as the memfd gives the pool. */
-static fp_arena_t *arena_map(uint32_t nprocs, uint64_t region, uint64_t *size)
+#define H(a) fp_arena_head(a)
+
+/* A zero-filled shared mapping, as the memfd gives the pool; the view (the
+ * process's private geometry) is malloc'd and only its base is filled. */
+static fp_arena_view_t *arena_map(uint32_t nprocs, uint64_t region, uint64_t *size)
 {
     *size = fp_arena_size(nprocs, region);
+    if (*size == 0) /* a geometry the layout refuses: map something to refuse it on */
+        *size = 64 * PAGE;
     void *p = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(p != MAP_FAILED);
-    return p;
+    fp_arena_view_t *v = calloc(1, sizeof(*v));
+    CHECK(v != NULL);
+    v->base = p;
+    return v;
 }
 
-static fp_arena_t *arena_new(uint32_t nprocs, uint64_t region, uint64_t budget, uint64_t *size)
+static fp_arena_view_t *arena_new(uint32_t nprocs, uint64_t region, uint64_t budget, uint64_t *size)
 {
-    fp_arena_t *a = arena_map(nprocs, region, size);
-    CHECK_EQ(fp_arena_init(a, nprocs, region, budget, 0x1234abcdull), FP_OK);
-    CHECK_EQ(fp_arena_check(a, *size), FP_OK);
+    fp_arena_view_t *a = arena_map(nprocs, region, size);
+    CHECK_EQ(fp_arena_init(a->base, *size, nprocs, region, budget, 0x1234abcdull, a), FP_OK);
+    fp_arena_t copy;
+    memcpy(&copy, a->base, sizeof(copy));
+    CHECK_EQ(fp_arena_check(&copy, *size), FP_OK);
     return a;
 }
 
-static uint64_t hdr(fp_arena_t *a) { return fp_arena_hdr_size(a->nprocs); }
-static uint64_t need_of(fp_arena_t *a, uint64_t nbytes) { return fp_arena_align(hdr(a) + (nbytes ? nbytes : 1), PAGE); }
-static uint64_t top_of(fp_arena_t *a, uint32_t p) { return fp_load64_acquire(fp_arena_top(a, p)); }
-static uint64_t size_of(fp_arena_t *a, uint64_t off) { return fp_load64_acquire(&fp_arena_block(a, off)->size); }
-static uint64_t gen_of(fp_arena_t *a, uint64_t off) { return fp_load64_acquire(&fp_arena_block(a, off)->gen); }
-static unsigned char *data_of(fp_arena_t *a, uint64_t off) { return (unsigned char *)a + off + hdr(a); }
+static void arena_free(fp_arena_view_t *a, uint64_t size)
+{
+    munmap(a->base, size);
+    free(a);
+}
+
+/* fp_arena_check on a private copy of the header, as attach does. */
+static int t_check(fp_arena_view_t *a, uint64_t mapped)
+{
+    fp_arena_t copy;
+    memcpy(&copy, a->base, sizeof(copy));
+    return fp_arena_check(&copy, mapped);
+}
+
+/* The calls in the shape most claims below were written in. */
+static int t_alloc(fp_arena_view_t *a, uint32_t p, uint64_t nbytes, uint64_t *off, uint64_t *fo, uint64_t *fl)
+{
+    fp_arena_blk_t b = {0, 0, 0};
+    fp_arena_damage_t d;
+    int rc = fp_arena_alloc(a, p, nbytes, &b, fl, NULL, &d);
+    if (rc == FP_OK) {
+        *off = b.off;
+        *fo = *fl ? b.off : 0;
+        CHECK_EQ(b.size, fp_load64_acquire(&fp_arena_block(a, b.off)->size));
+        CHECK_EQ(b.gen, fp_load64_acquire(&fp_arena_block(a, b.off)->gen));
+    }
+    return rc;
+}
+
+static int t_ref(fp_arena_view_t *a, uint32_t p, uint64_t off, uint64_t gen)
+{
+    fp_arena_blk_t b;
+    fp_arena_damage_t d;
+    int rc = fp_arena_ref(a, p, off, gen, &b, &d);
+    if (rc == FP_OK)
+        CHECK(b.off == off && b.gen == gen && b.size == fp_load64_acquire(&fp_arena_block(a, off)->size));
+    return rc;
+}
+
+static uint32_t t_count(fp_arena_view_t *a, uint32_t p, uint64_t off)
+{
+    uint32_t n = 0;
+    CHECK_EQ(fp_arena_count(a, p, off, &n), FP_OK);
+    return n;
+}
+
+static uint64_t t_reclaim(fp_arena_view_t *a, uint32_t p)
+{
+    uint64_t held = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_reclaim(a, p, &held, &d), FP_OK);
+    return held;
+}
+
+static void t_usage(fp_arena_view_t *a, uint64_t *live, uint64_t *idle, uint64_t *nlive)
+{
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_usage(a, live, idle, nlive, &d), FP_OK);
+}
+
+/* A block header at off that a ref could accept (the old fp_arena_valid). */
+static int t_valid(fp_arena_view_t *a, uint64_t off)
+{
+    uint32_t r;
+    uint64_t in;
+    return fp_arena_locate(a, off, &r, &in, NULL) == FP_OK && fp_arena_block(a, off)->magic == FP_BLOCK_MAGIC;
+}
+
+static void t_unbump(fp_arena_view_t *a, uint32_t p, uint64_t off)
+{
+    fp_arena_blk_t b = {off, fp_load64_acquire(&fp_arena_block(a, off)->size), 0};
+    fp_arena_unbump(a, p, &b, NULL);
+}
+
+static uint64_t hdr(fp_arena_view_t *a) { return fp_arena_hdr_size(a->nprocs); }
+static uint64_t need_of(fp_arena_view_t *a, uint64_t nbytes) { return fp_arena_align(hdr(a) + (nbytes ? nbytes : 1), PAGE); }
+static uint64_t top_of(fp_arena_view_t *a, uint32_t p) { return fp_load64_acquire(fp_arena_top(a, p)); }
+static uint64_t size_of(fp_arena_view_t *a, uint64_t off) { return fp_load64_acquire(&fp_arena_block(a, off)->size); }
+static uint64_t gen_of(fp_arena_view_t *a, uint64_t off) { return fp_load64_acquire(&fp_arena_block(a, off)->gen); }
+static unsigned char *data_of(fp_arena_view_t *a, uint64_t off) { return a->base + off + hdr(a); }
 
 /* alloc that must succeed; returns the offset, and checks the fresh range. */
-static uint64_t must_alloc(fp_arena_t *a, uint32_t p, uint64_t nbytes, uint64_t *fresh_len)
+static uint64_t must_alloc(fp_arena_view_t *a, uint32_t p, uint64_t nbytes, uint64_t *fresh_len)
 {
     uint64_t off = 0, fo = 7, fl = 7;
-    int rc = fp_arena_alloc(a, p, nbytes, &off, &fo, &fl);
+    int rc = t_alloc(a, p, nbytes, &off, &fo, &fl);
     CHECKF(rc == FP_OK, "alloc(p=%u, %llu bytes) returned %d", p, (unsigned long long)nbytes, rc);
     CHECK(fl == 0 || fo == off);
     if (fresh_len)
@@ -87,7 +172,7 @@ static uint64_t must_alloc(fp_arena_t *a, uint32_t p, uint64_t nbytes, uint64_t 
  * a page-multiple size, and the blocks tile [base, base + top) exactly, so no
  * two overlap.  Returns the number of blocks; *nfree counts the free ones and
  * *sum_top adds up the tops. */
-static uint64_t walk(fp_arena_t *a, uint64_t *nfree, uint64_t *sum_top)
+static uint64_t walk(fp_arena_view_t *a, uint64_t *nfree, uint64_t *sum_top)
 {
     uint64_t nblocks = 0, free_ = 0, tops = 0;
     for (uint32_t r = 0; r < a->nprocs; r++) {
@@ -103,7 +188,7 @@ static uint64_t walk(fp_arena_t *a, uint64_t *nfree, uint64_t *sum_top)
             CHECKF(s >= PAGE && s % PAGE == 0 && off + s <= base + top, "region %u block at +%llu: size %llu", r,
                    (unsigned long long)(off - base), (unsigned long long)s);
             CHECK(gen_of(a, off) >= 1);
-            free_ += fp_block_free(b, a->nprocs);
+            free_ += fp_block_free(a, b);
             nblocks++;
             off += s;
         }
@@ -122,9 +207,9 @@ static uint64_t walk(fp_arena_t *a, uint64_t *nfree, uint64_t *sum_top)
 TEST(arena_init_lays_out_the_header)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, 64u * REGION, &size);
-    CHECK_EQ(a->magic, FP_ARENA_MAGIC);
-    CHECK_EQ(a->version, FP_ARENA_VERSION);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, 64u * REGION, &size);
+    CHECK_EQ(H(a)->magic, FP_ARENA_MAGIC);
+    CHECK_EQ(H(a)->version, FP_ARENA_VERSION);
     CHECK_EQ(a->nprocs, NPROCS);
     CHECK_EQ(a->region_size, REGION);
     CHECK_EQ(a->token, 0x1234abcdull);
@@ -136,68 +221,89 @@ TEST(arena_init_lays_out_the_header)
         CHECK_EQ(top_of(a, p), 0);
         CHECK_EQ(fp_arena_region(a, p), a->regions_offset + (uint64_t)p * REGION);
     }
-    CHECK_EQ(fp_load64_acquire(&a->committed), 0);
+    CHECK_EQ(fp_load64_acquire(&H(a)->committed), 0);
     CHECK_EQ(hdr(a) % 64, 0);
     CHECK(hdr(a) >= sizeof(fp_block_t) + 4u * NPROCS);
     CHECK_EQ(fp_arena_hdr_size(1024), fp_arena_align(32 + 4096, 64));
     uint64_t live = 1, idle = 1, nlive = 1;
-    fp_arena_usage(a, &live, &idle, &nlive);
+    t_usage(a, &live, &idle, &nlive);
     CHECK_EQ(live, 0);
     CHECK_EQ(idle, 0);
     CHECK_EQ(nlive, 0);
-    CHECK_EQ(fp_arena_check(a, size + PAGE), FP_OK); /* a larger mapping is fine */
-    munmap(a, size);
+    CHECK_EQ(t_check(a, size + PAGE), FP_OK); /* a larger mapping is fine */
+    arena_free(a, size);
 }
 
 TEST(arena_init_refuses_bad_geometry)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_map(NPROCS, REGION, &size);
-    CHECK_EQ(fp_arena_init(a, 1, REGION, REGION, 1), FP_CORRUPT);                     /* under 2 processes */
-    CHECK_EQ(fp_arena_init(a, FP_ARENA_MAX_PROCS + 1, REGION, REGION, 1), FP_CORRUPT); /* over the max */
-    CHECK_EQ(fp_arena_init(a, NPROCS, 0, REGION, 1), FP_CORRUPT);
-    CHECK_EQ(fp_arena_init(a, NPROCS, REGION + 8, REGION, 1), FP_CORRUPT); /* not a page multiple */
-    CHECK_EQ(a->magic, 0);                                                 /* a refused init publishes nothing */
-    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
-    munmap(a, size);
+    fp_arena_view_t *a = arena_map(NPROCS, REGION, &size);
+    fp_arena_view_t v;
+    unsigned char *m = a->base;
+    CHECK_EQ(fp_arena_init(m, size, 1, REGION, REGION, 1, &v), FP_CORRUPT);                     /* under 2 processes */
+    CHECK_EQ(fp_arena_init(m, size, FP_ARENA_MAX_PROCS + 1, REGION, REGION, 1, &v), FP_CORRUPT); /* over the max */
+    CHECK_EQ(fp_arena_init(m, size, NPROCS, 0, REGION, 1, &v), FP_CORRUPT);
+    CHECK_EQ(fp_arena_init(m, size, NPROCS, REGION + 8, REGION, 1, &v), FP_CORRUPT); /* not a page multiple */
+    CHECK_EQ(fp_arena_init(m, size, NPROCS, PAGE, REGION, 1, &v), FP_OK);            /* one block per region */
+    memset(m, 0, sizeof(fp_arena_t));
+    CHECK_EQ(fp_arena_init(m, size - 1, NPROCS, REGION, REGION, 1, &v), FP_CORRUPT); /* mapping too small */
+    /* regions that together pass FP_ARENA_MAX_BYTES (or wrap 64 bits) */
+    CHECK_EQ(fp_arena_init(m, UINT64_MAX, NPROCS, FP_ARENA_MAX_BYTES / NPROCS, REGION, 1, &v), FP_CORRUPT);
+    CHECK_EQ(fp_arena_init(m, UINT64_MAX, NPROCS, (UINT64_MAX / NPROCS + 1) & ~(uint64_t)(PAGE - 1), 1, 1, &v),
+             FP_CORRUPT);
+    CHECK_EQ(fp_arena_size(NPROCS, UINT64_MAX & ~(uint64_t)(PAGE - 1)), 0);
+    CHECK_EQ(fp_arena_size(FP_ARENA_MAX_PROCS, PAGE), 0); /* a header of 1024 counters needs two pages */
+    CHECK(fp_arena_size(FP_ARENA_MAX_PROCS, 2 * PAGE) != 0);
+    CHECK_EQ(H(a)->magic, 0); /* a refused init publishes nothing */
+    CHECK_EQ(t_check(a, size), FP_CORRUPT);
+    arena_free(a, size);
 }
 
 TEST(arena_check_refuses_mismatches)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION, &size);
-    CHECK_EQ(fp_arena_check(a, size - 1), FP_CORRUPT); /* mapping smaller than the arena */
-    CHECK_EQ(fp_arena_check(a, sizeof(fp_arena_t) - 1), FP_CORRUPT);
-    CHECK_EQ(fp_arena_check(a, 0), FP_CORRUPT);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION, &size);
+    CHECK_EQ(t_check(a, size - 1), FP_CORRUPT); /* mapping smaller than the arena */
+    CHECK_EQ(t_check(a, sizeof(fp_arena_t) - 1), FP_CORRUPT);
+    CHECK_EQ(t_check(a, 0), FP_CORRUPT);
 
-    a->magic ^= 1;
-    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
-    a->magic ^= 1;
-    CHECK_EQ(fp_arena_check(a, size), FP_OK);
+    H(a)->magic ^= 1;
+    CHECK_EQ(t_check(a, size), FP_CORRUPT);
+    H(a)->magic ^= 1;
+    CHECK_EQ(t_check(a, size), FP_OK);
 
-    a->version = FP_ARENA_VERSION + 1;
-    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
-    a->version = FP_ARENA_VERSION - 1;
-    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
-    a->version = FP_ARENA_VERSION;
-    CHECK_EQ(fp_arena_check(a, size), FP_OK);
+    H(a)->version = FP_ARENA_VERSION + 1;
+    CHECK_EQ(t_check(a, size), FP_CORRUPT);
+    H(a)->version = FP_ARENA_VERSION - 1;
+    CHECK_EQ(t_check(a, size), FP_CORRUPT);
+    H(a)->version = FP_ARENA_VERSION;
+    CHECK_EQ(t_check(a, size), FP_OK);
 
-    a->nprocs = 1;
-    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
-    a->nprocs = FP_ARENA_MAX_PROCS + 1;
-    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
-    a->nprocs = NPROCS + 1; /* total_size no longer matches */
-    CHECK_EQ(fp_arena_check(a, size), FP_CORRUPT);
-    a->nprocs = NPROCS;
+    H(a)->nprocs = 1;
+    CHECK_EQ(t_check(a, size), FP_CORRUPT);
+    H(a)->nprocs = FP_ARENA_MAX_PROCS + 1;
+    CHECK_EQ(t_check(a, size), FP_CORRUPT);
+    H(a)->nprocs = NPROCS + 1; /* total_size no longer matches */
+    CHECK_EQ(t_check(a, size), FP_CORRUPT);
+    H(a)->nprocs = NPROCS;
 
-    a->region_size += PAGE;
-    CHECK_EQ(fp_arena_check(a, size + 64 * PAGE), FP_CORRUPT);
-    a->region_size -= PAGE;
-    a->total_size += PAGE;
-    CHECK_EQ(fp_arena_check(a, size + PAGE), FP_CORRUPT);
-    a->total_size -= PAGE;
-    CHECK_EQ(fp_arena_check(a, size), FP_OK);
-    munmap(a, size);
+    H(a)->region_size += PAGE;
+    CHECK_EQ(t_check(a, size + 64 * PAGE), FP_CORRUPT);
+    H(a)->region_size -= PAGE;
+    H(a)->total_size += PAGE;
+    CHECK_EQ(t_check(a, size + PAGE), FP_CORRUPT);
+    H(a)->total_size -= PAGE;
+    H(a)->regions_offset += PAGE;
+    CHECK_EQ(t_check(a, size), FP_CORRUPT);
+    H(a)->regions_offset -= PAGE;
+    /* a region size and count whose product wraps to the same total */
+    H(a)->region_size = (uint64_t)1 << 62;
+    H(a)->total_size = H(a)->regions_offset; /* 4 * 2^62 wraps to 0 */
+    CHECK_EQ(t_check(a, UINT64_MAX), FP_CORRUPT);
+    H(a)->region_size = REGION;
+    H(a)->total_size = size;
+    CHECK_EQ(t_check(a, size), FP_OK);
+    arena_free(a, size);
 }
 
 /* --------------------------------------------------------------------- alloc */
@@ -205,13 +311,13 @@ TEST(arena_check_refuses_mismatches)
 TEST(arena_alloc_bumps_page_aligned_blocks_in_its_own_region)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, NPROCS * (uint64_t)REGION, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, NPROCS * (uint64_t)REGION, &size);
     uint64_t h = hdr(a);
     static const uint64_t sizes[] = {0, 1, 100, PAGE - 64 /* hdr + n == PAGE */, PAGE - 63, 3 * PAGE, 200000};
     enum { N = sizeof(sizes) / sizeof(sizes[0]) };
     uint64_t off[N];
     for (uint32_t p = 0; p < NPROCS; p += 3) { /* regions 0 and 3 */
-        uint64_t base = fp_arena_region(a, p), expect = base, committed0 = fp_load64_acquire(&a->committed);
+        uint64_t base = fp_arena_region(a, p), expect = base, committed0 = fp_load64_acquire(&H(a)->committed);
         for (int i = 0; i < N; i++) {
             uint64_t fl = 0;
             off[i] = must_alloc(a, p, sizes[i], &fl);
@@ -227,12 +333,12 @@ TEST(arena_alloc_bumps_page_aligned_blocks_in_its_own_region)
             CHECK_EQ(fp_arena_block(a, off[i])->magic, FP_BLOCK_MAGIC);
             CHECK_EQ(fp_arena_block(a, off[i])->owner, p);
             for (uint32_t q = 0; q < NPROCS; q++)
-                CHECK_EQ(fp_arena_count(a, q, off[i]), q == p);
-            CHECK(fp_arena_valid(a, off[i]));
+                CHECK_EQ(t_count(a, q, off[i]), q == p);
+            CHECK(t_valid(a, off[i]));
             expect += want;
             CHECK_EQ(top_of(a, p), expect - base);
         }
-        CHECK_EQ(fp_load64_acquire(&a->committed) - committed0, expect - base);
+        CHECK_EQ(fp_load64_acquire(&H(a)->committed) - committed0, expect - base);
         /* the data of every block is its own: fill them all, then read back */
         for (int i = 0; i < N; i++)
             memset(data_of(a, off[i]), 0x40 + i, size_of(a, off[i]) - h);
@@ -248,81 +354,81 @@ TEST(arena_alloc_bumps_page_aligned_blocks_in_its_own_region)
     uint64_t nfree = 9, tops = 0;
     CHECK_EQ(walk(a, &nfree, &tops), 2 * N);
     CHECK_EQ(nfree, 0);
-    CHECK_EQ(tops, fp_load64_acquire(&a->committed));
-    munmap(a, size);
+    CHECK_EQ(tops, fp_load64_acquire(&H(a)->committed));
+    arena_free(a, size);
 }
 
 TEST(arena_alloc_reports_nospace_when_the_region_is_full)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, 64 * PAGE, NPROCS * 64ull * PAGE, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, 64 * PAGE, NPROCS * 64ull * PAGE, &size);
     uint64_t off = 0, fo = 0, fl = 0;
     /* a request bigger than a whole region never fits */
-    CHECK_EQ(fp_arena_alloc(a, 1, 64 * PAGE, &off, &fo, &fl), FP_NOSPACE);
+    CHECK_EQ(t_alloc(a, 1, 64 * PAGE, &off, &fo, &fl), FP_NOSPACE);
     CHECK_EQ(fl, 0);
     /* exactly a whole region does */
     uint64_t whole = must_alloc(a, 1, 64 * PAGE - hdr(a), NULL);
     CHECK_EQ(whole, fp_arena_region(a, 1));
     CHECK_EQ(top_of(a, 1), 64 * PAGE);
-    CHECK_EQ(fp_arena_alloc(a, 1, 1, &off, &fo, &fl), FP_NOSPACE);
+    CHECK_EQ(t_alloc(a, 1, 1, &off, &fo, &fl), FP_NOSPACE);
     /* fill region 2 one page at a time */
     for (int i = 0; i < 64; i++)
         must_alloc(a, 2, 1, NULL);
-    uint64_t committed = fp_load64_acquire(&a->committed);
-    CHECK_EQ(fp_arena_alloc(a, 2, 1, &off, &fo, &fl), FP_NOSPACE);
-    CHECK_EQ(fp_arena_alloc(a, 2, 0, &off, &fo, &fl), FP_NOSPACE);
+    uint64_t committed = fp_load64_acquire(&H(a)->committed);
+    CHECK_EQ(t_alloc(a, 2, 1, &off, &fo, &fl), FP_NOSPACE);
+    CHECK_EQ(t_alloc(a, 2, 0, &off, &fo, &fl), FP_NOSPACE);
     CHECK_EQ(top_of(a, 2), 64 * PAGE); /* a refusal changes nothing */
-    CHECK_EQ(fp_load64_acquire(&a->committed), committed);
+    CHECK_EQ(fp_load64_acquire(&H(a)->committed), committed);
     /* a full region does not stop the others */
     CHECK_EQ(must_alloc(a, 0, 1, NULL), fp_arena_region(a, 0));
     CHECK_EQ(walk(a, NULL, NULL), 66);
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 TEST(arena_alloc_reports_nospace_when_the_budget_is_spent)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, 64 * PAGE, 10 * PAGE, &size); /* budget: 10 pages, all regions */
+    fp_arena_view_t *a = arena_new(NPROCS, 64 * PAGE, 10 * PAGE, &size); /* budget: 10 pages, all regions */
     uint64_t off = 0, fo = 0, fl = 0;
     for (int i = 0; i < 4; i++)
         must_alloc(a, 0, 1, NULL);
     must_alloc(a, 1, 2 * PAGE, NULL); /* 3 pages */
-    CHECK_EQ(fp_load64_acquire(&a->committed), 7 * PAGE);
-    CHECK_EQ(fp_arena_alloc(a, 2, 3 * PAGE, &off, &fo, &fl), FP_NOSPACE); /* 4 pages: over */
+    CHECK_EQ(fp_load64_acquire(&H(a)->committed), 7 * PAGE);
+    CHECK_EQ(t_alloc(a, 2, 3 * PAGE, &off, &fo, &fl), FP_NOSPACE); /* 4 pages: over */
     CHECK_EQ(top_of(a, 2), 0);
     uint64_t b = must_alloc(a, 2, 2 * PAGE, NULL); /* 3 pages: exactly the budget */
-    CHECK_EQ(fp_load64_acquire(&a->committed), 10 * PAGE);
-    CHECK_EQ(fp_arena_alloc(a, 3, 1, &off, &fo, &fl), FP_NOSPACE);
+    CHECK_EQ(fp_load64_acquire(&H(a)->committed), 10 * PAGE);
+    CHECK_EQ(t_alloc(a, 3, 1, &off, &fo, &fl), FP_NOSPACE);
     /* a freed block is reused without new budget */
     fp_arena_unref(a, 2, b);
     uint64_t fresh = 1;
     CHECK_EQ(must_alloc(a, 2, 1, &fresh), b);
     CHECK_EQ(fresh, 0);
-    CHECK_EQ(fp_load64_acquire(&a->committed), 10 * PAGE);
-    munmap(a, size);
+    CHECK_EQ(fp_load64_acquire(&H(a)->committed), 10 * PAGE);
+    arena_free(a, size);
 }
 
 TEST(arena_unbump_returns_a_fresh_block)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION, &size);
     uint64_t x = must_alloc(a, 0, 1, NULL);
     uint64_t y = must_alloc(a, 0, 3 * PAGE, NULL);
-    uint64_t top = top_of(a, 0), committed = fp_load64_acquire(&a->committed);
-    fp_arena_unbump(a, 0, y); /* the last block: the top goes back */
+    uint64_t top = top_of(a, 0), committed = fp_load64_acquire(&H(a)->committed);
+    t_unbump(a, 0, y); /* the last block: the top goes back */
     CHECK_EQ(top_of(a, 0), top - size_of(a, y));
-    CHECK_EQ(fp_load64_acquire(&a->committed), committed - size_of(a, y));
-    CHECK_EQ(fp_arena_count(a, 0, y), 0);
+    CHECK_EQ(fp_load64_acquire(&H(a)->committed), committed - size_of(a, y));
+    CHECK_EQ(t_count(a, 0, y), 0);
     uint64_t fl = 0;
     CHECK_EQ(must_alloc(a, 0, 3 * PAGE, &fl), y); /* bumped again, fresh again */
     CHECK_EQ(fl, size_of(a, y));
     top = top_of(a, 0);
-    fp_arena_unbump(a, 0, x); /* not the last: only dropped */
+    t_unbump(a, 0, x); /* not the last: only dropped */
     CHECK_EQ(top_of(a, 0), top);
-    CHECK_EQ(fp_arena_count(a, 0, x), 0);
+    CHECK_EQ(t_count(a, 0, x), 0);
     CHECK_EQ(must_alloc(a, 0, 1, &fl), x);
     CHECK_EQ(fl, 0);
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 /* --------------------------------------------------------- free, reuse, gens */
@@ -330,23 +436,23 @@ TEST(arena_unbump_returns_a_fresh_block)
 TEST(arena_block_is_reused_only_when_every_count_is_zero)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
     uint64_t x = must_alloc(a, 0, 5000, NULL);
     uint64_t y = must_alloc(a, 0, 5000, NULL);
     uint64_t gx = gen_of(a, x);
     memset(data_of(a, x), 0xAB, 5000);
-    CHECK_EQ(fp_arena_ref(a, 1, x, gx), FP_OK);
-    CHECK_EQ(fp_arena_ref(a, 2, x, gx), FP_OK);
-    CHECK_EQ(fp_arena_ref(a, 2, x, gx), FP_OK);
-    CHECK_EQ(fp_arena_count(a, 0, x), 1);
-    CHECK_EQ(fp_arena_count(a, 1, x), 1);
-    CHECK_EQ(fp_arena_count(a, 2, x), 2);
-    CHECK_EQ(fp_arena_count(a, 3, x), 0);
+    CHECK_EQ(t_ref(a, 1, x, gx), FP_OK);
+    CHECK_EQ(t_ref(a, 2, x, gx), FP_OK);
+    CHECK_EQ(t_ref(a, 2, x, gx), FP_OK);
+    CHECK_EQ(t_count(a, 0, x), 1);
+    CHECK_EQ(t_count(a, 1, x), 1);
+    CHECK_EQ(t_count(a, 2, x), 2);
+    CHECK_EQ(t_count(a, 3, x), 0);
 
     uint32_t order[] = {0, 2, 1, 2}; /* drop them one by one; x is reused only after the last */
     uint64_t z = 0;
     for (int i = 0; i < 4; i++) {
-        CHECK(!fp_block_free(fp_arena_block(a, x), NPROCS));
+        CHECK(!fp_block_free(a, fp_arena_block(a, x)));
         fp_arena_unref(a, order[i], x);
         if (i < 3) {
             uint64_t o = must_alloc(a, 0, 5000, NULL); /* must not be x */
@@ -356,81 +462,81 @@ TEST(arena_block_is_reused_only_when_every_count_is_zero)
             fp_arena_unref(a, 0, z);
         }
     }
-    CHECK(fp_block_free(fp_arena_block(a, x), NPROCS));
+    CHECK(fp_block_free(a, fp_arena_block(a, x)));
     uint64_t live = 0, idle = 0, nlive = 0;
-    fp_arena_usage(a, &live, &idle, &nlive);
+    t_usage(a, &live, &idle, &nlive);
     CHECK_EQ(nlive, 1); /* y */
     CHECK_EQ(live, size_of(a, y));
     CHECK_EQ(idle, size_of(a, x) + size_of(a, z));
 
-    uint64_t top = top_of(a, 0), committed = fp_load64_acquire(&a->committed), fl = 1;
+    uint64_t top = top_of(a, 0), committed = fp_load64_acquire(&H(a)->committed), fl = 1;
     CHECK_EQ(must_alloc(a, 0, 5000, &fl), x); /* same offset, nothing fresh */
     CHECK_EQ(fl, 0);
     CHECK(gen_of(a, x) > gx); /* a new generation: old descriptors are stale */
     CHECK_EQ(top_of(a, 0), top);
-    CHECK_EQ(fp_load64_acquire(&a->committed), committed);
+    CHECK_EQ(fp_load64_acquire(&H(a)->committed), committed);
     CHECK_EQ(data_of(a, x)[0], 0xAB); /* the pages were touched before and are not replaced */
     CHECK_EQ(data_of(a, x)[4999], 0xAB);
     for (uint32_t q = 0; q < NPROCS; q++)
-        CHECK_EQ(fp_arena_count(a, q, x), q == 0);
-    munmap(a, size);
+        CHECK_EQ(t_count(a, q, x), q == 0);
+    arena_free(a, size);
 }
 
 TEST(arena_unref_never_goes_below_zero)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION, &size);
     uint64_t x = must_alloc(a, 0, 1, NULL);
     fp_arena_unref(a, 0, x);
     fp_arena_unref(a, 0, x);
     fp_arena_unref(a, 3, x);
-    CHECK_EQ(fp_arena_count(a, 0, x), 0);
-    CHECK_EQ(fp_arena_count(a, 3, x), 0);
-    CHECK(fp_block_free(fp_arena_block(a, x), NPROCS));
-    munmap(a, size);
+    CHECK_EQ(t_count(a, 0, x), 0);
+    CHECK_EQ(t_count(a, 3, x), 0);
+    CHECK(fp_block_free(a, fp_arena_block(a, x)));
+    arena_free(a, size);
 }
 
 TEST(arena_ref_counts_are_per_process)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
     uint64_t x = must_alloc(a, 2, 1, NULL), g = gen_of(a, x);
     for (uint32_t p = 0; p < NPROCS; p++)
         for (uint32_t k = 0; k < 3 * p + 1; k++)
-            CHECK_EQ(fp_arena_ref(a, p, x, g), FP_OK);
+            CHECK_EQ(t_ref(a, p, x, g), FP_OK);
     for (uint32_t p = 0; p < NPROCS; p++)
-        CHECK_EQ(fp_arena_count(a, p, x), 3 * p + 1 + (p == 2));
+        CHECK_EQ(t_count(a, p, x), 3 * p + 1 + (p == 2));
     for (uint32_t p = 0; p < NPROCS; p++)
         fp_arena_unref(a, p, x);
     for (uint32_t p = 0; p < NPROCS; p++)
-        CHECK_EQ(fp_arena_count(a, p, x), 3 * p + (p == 2));
-    CHECK_EQ(fp_arena_ref(a, NPROCS, x, g), FP_CORRUPT); /* no such process */
-    munmap(a, size);
+        CHECK_EQ(t_count(a, p, x), 3 * p + (p == 2));
+    CHECK_EQ(t_ref(a, NPROCS, x, g), FP_CORRUPT); /* no such process */
+    arena_free(a, size);
 }
 
 TEST(arena_stale_descriptor_fails_after_reuse)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
     uint64_t x = must_alloc(a, 0, 1, NULL), g1 = gen_of(a, x);
     CHECK_EQ(g1, 1);
     fp_arena_unref(a, 0, x);
     CHECK_EQ(must_alloc(a, 0, 1, NULL), x);
     uint64_t g2 = gen_of(a, x);
     CHECK(g2 != g1);
-    CHECK_EQ(fp_arena_ref(a, 1, x, g1), FP_STALE);
-    CHECK_EQ(fp_arena_count(a, 1, x), 0); /* a refused ref leaves no count behind */
-    CHECK_EQ(fp_arena_ref(a, 1, x, g2), FP_OK);
-    CHECK_EQ(fp_arena_count(a, 1, x), 1);
-    CHECK_EQ(fp_arena_ref(a, 1, x, g2 + 1), FP_STALE);
-    CHECK_EQ(fp_arena_count(a, 1, x), 1);
+    CHECK_EQ(t_ref(a, 1, x, g1), FP_STALE);
+    CHECK_EQ(t_count(a, 1, x), 0); /* a refused ref leaves no count behind */
+    CHECK_EQ(t_ref(a, 1, x, g2), FP_OK);
+    CHECK_EQ(t_count(a, 1, x), 1);
+    CHECK_EQ(t_ref(a, 1, x, g2 + 1), FP_STALE);
+    CHECK_EQ(t_count(a, 1, x), 1);
     /* offsets that are not blocks at all */
-    CHECK_EQ(fp_arena_ref(a, 1, x + 64, g2), FP_CORRUPT);                     /* not page aligned */
-    CHECK_EQ(fp_arena_ref(a, 1, 0, g2), FP_CORRUPT);                          /* the header */
-    CHECK_EQ(fp_arena_ref(a, 1, a->total_size, g2), FP_CORRUPT);              /* past the end */
-    CHECK_EQ(fp_arena_ref(a, 1, fp_arena_region(a, 3), 1), FP_CORRUPT);      /* never allocated */
-    CHECK_EQ(fp_arena_ref(a, 1, x + size_of(a, x), 1), FP_CORRUPT);          /* past the top */
-    munmap(a, size);
+    CHECK_EQ(t_ref(a, 1, x + 64, g2), FP_CORRUPT);                     /* not page aligned */
+    CHECK_EQ(t_ref(a, 1, 0, g2), FP_CORRUPT);                          /* the header */
+    CHECK_EQ(t_ref(a, 1, a->total_size, g2), FP_CORRUPT);              /* past the end */
+    CHECK_EQ(t_ref(a, 1, fp_arena_region(a, 3), 1), FP_CORRUPT);      /* never allocated */
+    CHECK_EQ(t_ref(a, 1, x + size_of(a, x), 1), FP_CORRUPT);          /* past the top */
+    arena_free(a, size);
 }
 
 /* ------------------------------------------------------------ split and merge */
@@ -438,7 +544,7 @@ TEST(arena_stale_descriptor_fails_after_reuse)
 TEST(arena_split_leaves_a_free_tail_and_keeps_small_tails_inside)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
     uint64_t h = hdr(a);
     uint64_t big = must_alloc(a, 0, 64 * PAGE, NULL); /* 65 pages */
     uint64_t fence = must_alloc(a, 0, 1, NULL);       /* keeps the top away */
@@ -451,10 +557,10 @@ TEST(arena_split_leaves_a_free_tail_and_keeps_small_tails_inside)
     CHECK_EQ(fl, 0);
     CHECK_EQ(size_of(a, big), PAGE);
     uint64_t tail = big + PAGE;
-    CHECK(fp_arena_valid(a, tail));
+    CHECK(t_valid(a, tail));
     CHECK_EQ(size_of(a, tail), 64 * PAGE);
     CHECK_EQ(fp_arena_block(a, tail)->owner, 0);
-    CHECK(fp_block_free(fp_arena_block(a, tail), NPROCS));
+    CHECK(fp_block_free(a, fp_arena_block(a, tail)));
     CHECK_EQ(tail + size_of(a, tail), fence);
 
     /* the tail is reused in turn; a remainder under MIN_SPLIT stays inside */
@@ -470,13 +576,13 @@ TEST(arena_split_leaves_a_free_tail_and_keeps_small_tails_inside)
     uint64_t nfree = 0;
     CHECK_EQ(walk(a, &nfree, NULL), 4);
     CHECK_EQ(nfree, 1);
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 TEST(arena_merge_joins_free_neighbours_only)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
     uint64_t b[5];
     for (int i = 0; i < 5; i++)
         b[i] = must_alloc(a, 1, 1, NULL); /* one page each */
@@ -505,7 +611,7 @@ TEST(arena_merge_joins_free_neighbours_only)
     CHECK_EQ(fl, 0);
     CHECK_EQ(size_of(a, b[0]), 5 * PAGE);
     CHECK_EQ(walk(a, NULL, NULL), 2);
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 /* ------------------------------------------------------------------- reclaim */
@@ -513,7 +619,7 @@ TEST(arena_merge_joins_free_neighbours_only)
 TEST(arena_reclaim_drops_every_reference_of_one_process)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
     enum { PER = 5 };
     uint64_t blk[NPROCS][PER];
     for (uint32_t r = 0; r < NPROCS; r++)
@@ -526,35 +632,35 @@ TEST(arena_reclaim_drops_every_reference_of_one_process)
     for (uint32_t r = 0; r < NPROCS; r++)
         for (int i = 0; i < PER; i++) {
             uint64_t g = gen_of(a, blk[r][i]);
-            CHECK_EQ(fp_arena_ref(a, 2, blk[r][i], g), FP_OK);
-            CHECK_EQ(fp_arena_ref(a, 2, blk[r][i], g), FP_OK);
+            CHECK_EQ(t_ref(a, 2, blk[r][i], g), FP_OK);
+            CHECK_EQ(t_ref(a, 2, blk[r][i], g), FP_OK);
             if (i < 3 && r != 1)
-                CHECK_EQ(fp_arena_ref(a, 1, blk[r][i], g), FP_OK);
+                CHECK_EQ(t_ref(a, 1, blk[r][i], g), FP_OK);
             if (r != 2 && i >= 3)
                 fp_arena_unref(a, r, blk[r][i]); /* the owner lets go: only 2 (and maybe 1) hold it */
             expect_held++;
         }
-    CHECK_EQ(fp_arena_reclaim(a, 2), expect_held);
+    CHECK_EQ(t_reclaim(a, 2), expect_held);
     uint64_t nfree = 0;
     walk(a, &nfree, NULL);
     for (uint32_t r = 0; r < NPROCS; r++)
         for (int i = 0; i < PER; i++) {
             uint64_t o = blk[r][i];
-            CHECK_EQ(fp_arena_count(a, 2, o), 0);
+            CHECK_EQ(t_count(a, 2, o), 0);
             int owner_holds = r != 2 && i < 3; /* process 2 was region 2's owner */
             int one_holds = i < 3 && r != 1;
-            CHECK_EQ(fp_arena_count(a, 1, o), one_holds + (r == 1 && i < 3));
-            CHECKF(fp_block_free(fp_arena_block(a, o), NPROCS) == !(owner_holds || one_holds), "r=%u i=%d", r, i);
+            CHECK_EQ(t_count(a, 1, o), one_holds + (r == 1 && i < 3));
+            CHECKF(fp_block_free(a, fp_arena_block(a, o)) == !(owner_holds || one_holds), "r=%u i=%d", r, i);
         }
     CHECK_EQ(nfree, 2 * NPROCS); /* blocks 3 and 4 of every region */
-    CHECK_EQ(fp_arena_reclaim(a, 2), 0); /* twice is harmless */
+    CHECK_EQ(t_reclaim(a, 2), 0); /* twice is harmless */
     fp_arena_unref(a, 2, blk[0][0]);      /* a late unref of a reclaimed ref stays at zero */
-    CHECK_EQ(fp_arena_count(a, 2, blk[0][0]), 0);
+    CHECK_EQ(t_count(a, 2, blk[0][0]), 0);
     /* a freed block is reused by its region's owner */
     uint64_t fl = 1;
     CHECK_EQ(must_alloc(a, 0, 4000, &fl), blk[0][3]);
     CHECK_EQ(fl, 0);
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 /* -------------------------------------------------------------- two processes */
@@ -600,7 +706,7 @@ typedef struct {
 TEST(arena_procs_concurrent_refs_on_shared_blocks_add_up)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(CPROCS, REGION, REGION * CPROCS, &size);
+    fp_arena_view_t *a = arena_new(CPROCS, REGION, REGION * CPROCS, &size);
     cctl_t *ctl = mmap(NULL, sizeof(cctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(ctl != MAP_FAILED);
     uint64_t off[CBLOCKS], gen[CBLOCKS];
@@ -625,13 +731,13 @@ TEST(arena_procs_concurrent_refs_on_shared_blocks_add_up)
                 x = splitmix64(x);
                 int j = (int)(x % CBLOCKS);
                 if (held[j] < 4 && ((x >> 32) & 1)) {
-                    CHECK_EQ(fp_arena_ref(a, i, off[j], gen[j]), FP_OK);
+                    CHECK_EQ(t_ref(a, i, off[j], gen[j]), FP_OK);
                     held[j]++;
                 } else if (held[j] > 0) {
                     fp_arena_unref(a, i, off[j]);
                     held[j]--;
                 }
-                CHECK_EQ(fp_arena_count(a, i, off[j]), held[j]);
+                CHECK_EQ(t_count(a, i, off[j]), held[j]);
             }
             memcpy(ctl->held[i], held, sizeof(held));
             fp_add64_relaxed(&ctl->ops, CITERS);
@@ -672,11 +778,11 @@ TEST(arena_procs_concurrent_refs_on_shared_blocks_add_up)
            (unsigned long long)churn);
     CHECK_EQ(fp_load64_relaxed(&ctl->ops), (uint64_t)(CPROCS - 1) * CITERS);
     for (int j = 0; j < CBLOCKS; j++) {
-        CHECK_EQ(fp_arena_count(a, 0, off[j]), 1);
+        CHECK_EQ(t_count(a, 0, off[j]), 1);
         CHECK_EQ(gen_of(a, off[j]), gen[j]);
         for (uint32_t i = 1; i < CPROCS; i++)
-            CHECKF(fp_arena_count(a, i, off[j]) == ctl->held[i][j], "block %d process %u: %u != %u", j, i,
-                   fp_arena_count(a, i, off[j]), ctl->held[i][j]);
+            CHECKF(t_count(a, i, off[j]) == ctl->held[i][j], "block %d process %u: %u != %u", j, i,
+                   t_count(a, i, off[j]), ctl->held[i][j]);
     }
     /* the parent lets go; the children's references keep the blocks alive until reclaimed */
     for (int j = 0; j < CBLOCKS; j++)
@@ -685,15 +791,15 @@ TEST(arena_procs_concurrent_refs_on_shared_blocks_add_up)
         uint64_t expect = 0;
         for (int j = 0; j < CBLOCKS; j++)
             expect += ctl->held[i][j] != 0;
-        CHECK_EQ(fp_arena_reclaim(a, i), expect);
+        CHECK_EQ(t_reclaim(a, i), expect);
     }
     uint64_t used = 0, idle = 0, nlive = 0;
-    fp_arena_usage(a, &used, &idle, &nlive);
+    t_usage(a, &used, &idle, &nlive);
     CHECK_EQ(nlive, 0);
     CHECK_EQ(used, 0);
     CHECK_EQ(idle, top_of(a, 0));
     munmap(ctl, sizeof(cctl_t));
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 #define KPROCS 3u
@@ -710,7 +816,7 @@ typedef struct {
 /* Process 1, until killed: allocates random sizes in region 1 (reuse, split,
  * merge and bump), writes each block's data, refs and drops the parent's
  * blocks, and frees at random. */
-static void crash_child(fp_arena_t *a, kctl_t *ctl, uint64_t seed)
+static void crash_child(fp_arena_view_t *a, kctl_t *ctl, uint64_t seed)
 {
     child_prologue();
     enum { MAXH = 24 };
@@ -723,7 +829,7 @@ static void crash_child(fp_arena_t *a, kctl_t *ctl, uint64_t seed)
         if (op < 4 && nmine < MAXH) {
             uint64_t n = (x >> 8) % 4 == 0 ? (x >> 16) % 160000 : (x >> 16) % 12000;
             uint64_t off = 0, fo = 0, fl = 0;
-            int rc = fp_arena_alloc(a, 1, n, &off, &fo, &fl);
+            int rc = t_alloc(a, 1, n, &off, &fo, &fl);
             if (rc == FP_OK) {
                 memset(data_of(a, off), (int)(off >> 12), n);
                 mine[nmine++] = off;
@@ -740,7 +846,7 @@ static void crash_child(fp_arena_t *a, kctl_t *ctl, uint64_t seed)
         if (op >= 6) {
             int j = (int)((x >> 24) % KPARENT);
             if (op == 6 && pheld[j] < 3) {
-                CHECK_EQ(fp_arena_ref(a, 1, ctl->poff[j], ctl->pgen[j]), FP_OK);
+                CHECK_EQ(t_ref(a, 1, ctl->poff[j], ctl->pgen[j]), FP_OK);
                 pheld[j]++;
             } else if (pheld[j] > 0) {
                 fp_arena_unref(a, 1, ctl->poff[j]);
@@ -754,7 +860,7 @@ static void crash_child(fp_arena_t *a, kctl_t *ctl, uint64_t seed)
 TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(KPROCS, KREGION, KREGION * KPROCS, &size);
+    fp_arena_view_t *a = arena_new(KPROCS, KREGION, KREGION * KPROCS, &size);
     kctl_t *ctl = mmap(NULL, sizeof(kctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(ctl != MAP_FAILED);
     for (int j = 0; j < KPARENT; j++) {
@@ -783,26 +889,26 @@ TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
         CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "round %d: child status %#x", round, status);
         total_ops += fp_load64_relaxed(&ctl->ops);
 
-        total_reclaimed += fp_arena_reclaim(a, 1);
+        total_reclaimed += t_reclaim(a, 1);
         uint64_t nfree = 0, tops = 0;
         uint64_t nblocks = walk(a, &nfree, &tops);
         /* committed lags the tops only when a kill fell between the top's
          * store and committed's add (fp_arena.h:202-203): counted, not failed */
-        drift += fp_load64_acquire(&a->committed) != tops;
-        fp_store64_relaxed(&a->committed, tops);
+        drift += fp_load64_acquire(&H(a)->committed) != tops;
+        fp_store64_relaxed(&H(a)->committed, tops);
         /* region 1 held only the child's references: all free now */
         uint64_t base = fp_arena_region(a, 1);
         for (uint64_t o = base; o < base + top_of(a, 1); o += size_of(a, o))
-            CHECKF(fp_block_free(fp_arena_block(a, o), KPROCS), "round %d: block +%llu still held", round,
+            CHECKF(fp_block_free(a, fp_arena_block(a, o)), "round %d: block +%llu still held", round,
                    (unsigned long long)(o - base));
         for (int j = 0; j < KPARENT; j++) {
-            CHECK_EQ(fp_arena_count(a, 0, ctl->poff[j]), 1);
-            CHECK_EQ(fp_arena_count(a, 1, ctl->poff[j]), 0);
+            CHECK_EQ(t_count(a, 0, ctl->poff[j]), 1);
+            CHECK_EQ(t_count(a, 1, ctl->poff[j]), 0);
             CHECK_EQ(gen_of(a, ctl->poff[j]), ctl->pgen[j]);
         }
         CHECK_EQ(nblocks - nfree, KPARENT);
         uint64_t used = 0, idle = 0, nlive = 0;
-        fp_arena_usage(a, &used, &idle, &nlive);
+        t_usage(a, &used, &idle, &nlive);
         CHECK_EQ(nlive, KPARENT);
 
         /* the replacement in slot 1 (the parent, here) inherits the region:
@@ -818,7 +924,7 @@ TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
         }
         uint64_t got[KREGION / PAGE], ngot = 0, off = 0, fo = 0, fl = 0;
         int rc;
-        while ((rc = fp_arena_alloc(a, 1, 3 * PAGE - hdr(a), &off, &fo, &fl)) == FP_OK) {
+        while ((rc = t_alloc(a, 1, 3 * PAGE - hdr(a), &off, &fo, &fl)) == FP_OK) {
             CHECK(ngot < KREGION / PAGE);
             got[ngot++] = off;
             memset(data_of(a, off), (int)(ngot & 0xff), 3 * PAGE - hdr(a));
@@ -836,7 +942,7 @@ TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
     printf("[%llu child ops over %d kills, %llu references reclaimed, committed off after %llu kills] ",
            (unsigned long long)total_ops, KROUNDS, (unsigned long long)total_reclaimed, (unsigned long long)drift);
     munmap(ctl, sizeof(kctl_t));
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 /* ------------------------------------------------------------ header defects */
@@ -850,7 +956,7 @@ TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
 TEST(arena_stale_descriptor_of_a_merged_block_is_refused)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
     uint64_t x = must_alloc(a, 0, 1, NULL);
     uint64_t y = must_alloc(a, 0, 1, NULL), gy = gen_of(a, y);
     must_alloc(a, 0, 1, NULL); /* keeps the top away */
@@ -862,10 +968,10 @@ TEST(arena_stale_descriptor_of_a_merged_block_is_refused)
     /* the new owner has written only its first bytes; (y, gy) is a descriptor
      * of the old, freed y, and must not pin anything now */
     memset(data_of(a, x), 0x11, 100);
-    int rc = fp_arena_ref(a, 1, y, gy);
+    int rc = t_ref(a, 1, y, gy);
     CHECKF(rc == FP_STALE || rc == FP_CORRUPT, "ref of the absorbed block y returned %d (FP_OK: a count was "
            "added inside x's data at +%llu)", rc, (unsigned long long)(y - x + sizeof(fp_block_t) + 4));
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 /* The split (fp_arena.h:176) gives the new tail the generation of the block it
@@ -877,7 +983,7 @@ TEST(arena_stale_descriptor_of_a_merged_block_is_refused)
 TEST(arena_generation_never_repeats_at_an_offset_after_merge_and_split)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
     uint64_t h = hdr(a);
     uint64_t big = must_alloc(a, 0, 64 * PAGE, NULL); /* 65 pages */
     must_alloc(a, 0, 1, NULL);                        /* keeps the top away */
@@ -907,7 +1013,7 @@ TEST(arena_generation_never_repeats_at_an_offset_after_merge_and_split)
     int matched = 0;
     for (int i = 0; i < 20 && !matched; i++) {
         CHECK_EQ(must_alloc(a, 0, 64 * PAGE - h, NULL), t);
-        if (fp_arena_ref(a, 1, t, stale_gen) == FP_OK)
+        if (t_ref(a, 1, t, stale_gen) == FP_OK)
             matched = 1 + i;
         else
             fp_arena_unref(a, 0, t);
@@ -917,7 +1023,7 @@ TEST(arena_generation_never_repeats_at_an_offset_after_merge_and_split)
            "different allocation (the %d-th after the split)",
            (unsigned long long)(t - big), (unsigned long long)stale_gen, (unsigned long long)regen,
            (unsigned long long)stale_gen, matched);
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 /* need = align(hdr + nbytes, PAGE) (fp_arena.h:147) wraps around for nbytes
@@ -928,15 +1034,15 @@ TEST(arena_generation_never_repeats_at_an_offset_after_merge_and_split)
 TEST(arena_huge_request_is_refused_not_wrapped)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
     uint64_t off = 0, fo = 0, fl = 0;
-    int rc = fp_arena_alloc(a, 0, UINT64_MAX, &off, &fo, &fl);
+    int rc = t_alloc(a, 0, UINT64_MAX, &off, &fo, &fl);
     CHECKF(rc == FP_NOSPACE, "alloc(UINT64_MAX) returned %d with a block of %llu bytes", rc,
            rc == FP_OK ? (unsigned long long)size_of(a, off) : 0ull);
-    rc = fp_arena_alloc(a, 0, UINT64_MAX - hdr(a) + 1, &off, &fo, &fl);
+    rc = t_alloc(a, 0, UINT64_MAX - hdr(a) + 1, &off, &fo, &fl);
     CHECKF(rc == FP_NOSPACE, "alloc(2^64 - hdr) returned %d with a block of %llu bytes", rc,
            rc == FP_OK ? (unsigned long long)size_of(a, off) : 0ull);
-    munmap(a, size);
+    arena_free(a, size);
 }
 
 /* fp_arena_alloc tests that every count of a free block is zero
@@ -959,7 +1065,7 @@ typedef struct {
 TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
 {
     uint64_t size = 0;
-    fp_arena_t *a = arena_new(8, PAGE, 8 * PAGE, &size); /* one block per region: reuse every time */
+    fp_arena_view_t *a = arena_new(8, PAGE, 8 * PAGE, &size); /* one block per region: reuse every time */
     rctl_t *ctl = mmap(NULL, sizeof(rctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(ctl != MAP_FAILED);
     uint64_t x = must_alloc(a, 0, 1, NULL);
@@ -973,7 +1079,7 @@ TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
         fp_store32_release(&ctl->ready, 1);
         while (!fp_load32_acquire(&ctl->stop)) {
             uint64_t g = fp_load64_acquire(&ctl->gen);
-            if (fp_arena_ref(a, 1, x, g) != FP_OK)
+            if (t_ref(a, 1, x, g) != FP_OK)
                 continue;
             fp_add64_relaxed(&ctl->refs_ok, 1);
             /* The parent writes a new stamp into the data each time alloc hands the
@@ -998,7 +1104,7 @@ TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
             fp_arena_unref(a, 0, x);
             uint64_t off = 0, fo = 0, fl = 0;
             int rc;
-            while ((rc = fp_arena_alloc(a, 0, 1, &off, &fo, &fl)) == FP_NOSPACE)
+            while ((rc = t_alloc(a, 0, 1, &off, &fo, &fl)) == FP_NOSPACE)
                 fp_cpu_relax(); /* the child holds it: wait */
             CHECK_EQ(rc, FP_OK);
             CHECK_EQ(off, x);
@@ -1016,7 +1122,565 @@ TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
     CHECKF(v == 0, "%llu times the block was handed out again while process 1 held a reference it took with the "
            "then-current gen", (unsigned long long)v);
     munmap(ctl, sizeof(rctl_t));
-    munmap(a, size);
+    arena_free(a, size);
+}
+
+/* ------------------------------------------------------------------ damage */
+
+/* Every worker maps the arena read-write, so any header word may be garbage.
+ * Each claim below writes one kind of garbage and checks that every call that
+ * walks or trusts that word returns FP_CORRUPT at once, naming the region, the
+ * offset and the reason, and that nothing outside the damaged region changes.
+ * A hang would fail the test through test_native.py's timeout. */
+
+#define DR 1u /* the damaged region */
+
+typedef struct {
+    fp_arena_view_t *a;
+    uint64_t size;
+    uint64_t base;  /* region DR's first byte */
+    uint64_t b[3];  /* region DR: held by DR, free, held by DR and by process 2 */
+    uint64_t g[3];
+    uint64_t o[NPROCS]; /* one block in every other region, referenced by process 2 */
+} dfix_t;
+
+static dfix_t dfix(void)
+{
+    dfix_t f;
+    f.a = arena_new(NPROCS, REGION, REGION * NPROCS, &f.size);
+    f.base = fp_arena_region(f.a, DR);
+    for (int i = 0; i < 3; i++) {
+        f.b[i] = must_alloc(f.a, DR, 3000u + 5000u * (uint64_t)i, NULL);
+        f.g[i] = gen_of(f.a, f.b[i]);
+        memset(data_of(f.a, f.b[i]), 0x60 + i, 3000);
+    }
+    fp_arena_unref(f.a, DR, f.b[1]);
+    CHECK_EQ(t_ref(f.a, 2, f.b[2], f.g[2]), FP_OK);
+    for (uint32_t r = 0; r < NPROCS; r++) {
+        if (r == DR)
+            continue;
+        f.o[r] = must_alloc(f.a, r, 7000, NULL);
+        memset(data_of(f.a, f.o[r]), 0x70 + (int)r, 7000);
+        CHECK_EQ(t_ref(f.a, 2, f.o[r], gen_of(f.a, f.o[r])), FP_OK);
+    }
+    return f;
+}
+
+/* The other regions are whole, their data untouched, and (reclaimed) process
+ * 2's references in them dropped by a reclaim that also reported the damage. */
+static void others_whole(dfix_t *f, int reclaimed)
+{
+    for (uint32_t r = 0; r < NPROCS; r++) {
+        if (r == DR)
+            continue;
+        uint64_t n = 0;
+        fp_arena_damage_t d;
+        CHECK_EQ(fp_arena_check_region(f->a, r, &n, &d), FP_OK);
+        for (int k = 0; k < 7000; k++)
+            CHECK_EQ(data_of(f->a, f->o[r])[k], 0x70 + (int)r);
+        CHECK_EQ(t_count(f->a, 2, f->o[r]), reclaimed ? 0 : 1 + (r == 2)); /* o[2] is process 2's own */
+        if (r != 2)
+            CHECK_EQ(t_count(f->a, r, f->o[r]), 1);
+    }
+}
+
+/* Every walk over region DR reports (why, at); nothing else is affected. */
+static void expect_damage(dfix_t *f, int why, uint64_t at, uint64_t value)
+{
+    fp_arena_view_t *a = f->a;
+    fp_arena_damage_t d;
+    uint64_t n = 0, l = 0, i = 0, nl = 0, fl = 0, held = 0, top = top_of(a, DR);
+#define CHECK_DMG()                                                                                          \
+    do {                                                                                                     \
+        CHECK_EQ(d.region, DR);                                                                              \
+        CHECKF(d.why == why, "why %d (%s), expected %d", d.why, fp_arena_damage_text(d.why), why);            \
+        CHECK_EQ(d.at, at);                                                                                  \
+        CHECK_EQ(d.value, value);                                                                            \
+        memset(&d, 0, sizeof(d));                                                                            \
+    } while (0)
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_CORRUPT);
+    CHECK_DMG();
+    CHECK_EQ(fp_arena_usage(a, &l, &i, &nl, &d), FP_CORRUPT);
+    CHECK_DMG();
+    fp_arena_blk_t blk = {0, 0, 0};
+    /* the region's owner, asking for more than b1 holds, so the walk reaches any damage */
+    CHECK_EQ(fp_arena_alloc(a, DR, 3 * PAGE, &blk, &fl, NULL, &d), FP_CORRUPT);
+    CHECK_DMG();
+    CHECK_EQ(fl, 0);
+    CHECK_EQ(top_of(a, DR), top); /* a refused alloc writes nothing */
+    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_CORRUPT);
+    CHECK_DMG();
+    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_CORRUPT); /* twice: same report, nothing left to drop */
+    CHECK_DMG();
+    CHECK_EQ(held, at > f->b[2] - f->base ? 1 : 0); /* region DR only up to the damage */
+    others_whole(f, 1);
+    /* the other owners still allocate */
+    for (uint32_t r = 0; r < NPROCS; r++)
+        if (r != DR)
+            fp_arena_unref(a, r, must_alloc(a, r, 100, NULL));
+#undef CHECK_DMG
+}
+
+TEST(arena_damage_top_past_the_region_end_or_unaligned)
+{
+    static const uint64_t tops[] = {REGION + PAGE, UINT64_MAX, UINT64_MAX - PAGE + 1, PAGE + 1, 3 * PAGE - 8};
+    for (unsigned k = 0; k < sizeof(tops) / sizeof(tops[0]); k++) {
+        dfix_t f = dfix();
+        fp_store64_release(fp_arena_top(f.a, DR), tops[k]);
+        expect_damage(&f, FP_ARENA_BAD_TOP, 0, tops[k]);
+        arena_free(f.a, f.size);
+    }
+}
+
+TEST(arena_damage_block_size_zero)
+{
+    dfix_t f = dfix();
+    fp_store64_release(&fp_arena_block(f.a, f.b[1])->size, 0); /* a self-loop, were it trusted */
+    expect_damage(&f, FP_ARENA_BAD_SIZE, f.b[1] - f.base, 0);
+    arena_free(f.a, f.size);
+}
+
+TEST(arena_damage_block_size_under_a_header)
+{
+    dfix_t f = dfix();
+    fp_store64_release(&fp_arena_block(f.a, f.b[0])->size, 1);
+    expect_damage(&f, FP_ARENA_BAD_SIZE, 0, 1);
+    arena_free(f.a, f.size);
+    /* with 1024 processes a header takes more than a page: one page is too small */
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size);
+    uint64_t x = must_alloc(a, 5, 1, NULL);
+    CHECK_EQ(size_of(a, x), 2 * PAGE);
+    fp_store64_release(&fp_arena_block(a, x)->size, PAGE);
+    fp_store64_release(fp_arena_top(a, 5), PAGE); /* consistent with the size: only the size is wrong */
+    uint64_t n = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_check_region(a, 5, &n, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_SIZE);
+    fp_arena_blk_t b;
+    CHECK_EQ(fp_arena_ref(a, 0, x, gen_of(a, x), &b, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_SIZE);
+    arena_free(a, size);
+}
+
+TEST(arena_damage_block_size_not_a_page_multiple)
+{
+    dfix_t f = dfix();
+    uint64_t s = size_of(f.a, f.b[1]) + 8;
+    fp_store64_release(&fp_arena_block(f.a, f.b[1])->size, s);
+    expect_damage(&f, FP_ARENA_BAD_ALIGN, f.b[1] - f.base, s);
+    arena_free(f.a, f.size);
+}
+
+/* The size that made fp_arena_reclaim loop for ever: off + s wraps to off - PAGE. */
+TEST(arena_damage_block_size_2_64_minus_a_page)
+{
+    dfix_t f = dfix();
+    uint64_t s = UINT64_MAX - PAGE + 1;
+    fp_store64_release(&fp_arena_block(f.a, f.b[1])->size, s);
+    expect_damage(&f, FP_ARENA_BAD_PAST_TOP, f.b[1] - f.base, s);
+    arena_free(f.a, f.size);
+}
+
+/* Sizes whose sum wraps around to an earlier block (a cycle through the
+ * chain), to the arena's header, and a size that runs past the top. */
+TEST(arena_damage_wrapping_sizes_and_cycles)
+{
+    dfix_t f = dfix();
+    uint64_t back = (uint64_t)0 - (f.b[2] - f.b[0]); /* b2 + back == b0 */
+    fp_store64_release(&fp_arena_block(f.a, f.b[2])->size, back);
+    expect_damage(&f, FP_ARENA_BAD_PAST_TOP, f.b[2] - f.base, back);
+    arena_free(f.a, f.size);
+
+    f = dfix();
+    uint64_t to_zero = (uint64_t)0 - f.b[0]; /* b0 + s == 0: the arena header */
+    fp_store64_release(&fp_arena_block(f.a, f.b[0])->size, to_zero);
+    expect_damage(&f, FP_ARENA_BAD_PAST_TOP, 0, to_zero);
+    arena_free(f.a, f.size);
+
+    f = dfix();
+    uint64_t past = top_of(f.a, DR) - (f.b[2] - f.base) + PAGE; /* one page past the top, inside the region */
+    fp_store64_release(&fp_arena_block(f.a, f.b[2])->size, past);
+    expect_damage(&f, FP_ARENA_BAD_PAST_TOP, f.b[2] - f.base, past);
+    arena_free(f.a, f.size);
+}
+
+/* Counts are not structure: garbage there leaks blocks (never reused while
+ * nonzero) and cannot make a walk fail or run long. */
+TEST(arena_garbage_counts_leak_blocks_but_break_nothing)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    for (int i = 0; i < 3; i++)
+        for (uint32_t p = 0; p < NPROCS; p++)
+            fp_store32_release(&fp_block_counts(fp_arena_block(a, f.b[i]))[p], 0xFFFFFFFFu - p);
+    uint64_t n = 0, l = 0, idle = 0, nl = 0, held = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_OK);
+    CHECK_EQ(n, 3);
+    t_usage(a, &l, &idle, &nl);
+    CHECK_EQ(nl, 3 + NPROCS - 1); /* all three look held */
+    uint64_t top = top_of(a, DR);
+    uint64_t x = must_alloc(a, DR, 1, NULL); /* the "free" b1 is not reused: a bump */
+    CHECK_EQ(x, f.base + top);
+    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_OK);
+    CHECK_EQ(held, 3 + NPROCS - 1);
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(t_count(a, 2, f.b[i]), 0);
+    CHECK_EQ(fp_arena_unref(a, 3, f.b[0]), FP_OK); /* decrements, never wraps below zero */
+    CHECK_EQ(t_count(a, 3, f.b[0]), 0xFFFFFFFFu - 3 - 1);
+    arena_free(a, size_of(a, 0) ? f.size : f.size);
+}
+
+/* A header whose magic was overwritten: the chain still walks (sizes are
+ * intact), but no one references, reuses or reclaims through that header. */
+TEST(arena_damage_magic_is_refused_by_ref_and_never_reused)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    fp_arena_block(a, f.b[1])->magic = 0x1234;
+    fp_arena_block(a, f.b[2])->magic = 0;
+    uint64_t n = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_OK);
+    fp_arena_blk_t b;
+    CHECK_EQ(fp_arena_ref(a, 3, f.b[1], f.g[1], &b, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_MAGIC);
+    CHECK_EQ(d.at, f.b[1] - f.base);
+    CHECK_EQ(t_count(a, 3, f.b[1]), 0);
+    uint64_t top = top_of(a, DR);
+    CHECK_EQ(must_alloc(a, DR, 1, NULL), f.base + top); /* free b1 is not reused */
+    uint64_t held = 0;
+    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_OK);
+    CHECK_EQ(t_count(a, 2, f.b[2]), 1); /* not through a header without magic */
+    arena_free(a, f.size);
+}
+
+/* A worker enlarges a block's size after the parent took a reference: a new
+ * reference refuses the header; the one taken before keeps its own size. */
+TEST(arena_ref_takes_the_size_once_and_refuses_an_enlarged_block)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    fp_arena_blk_t before, b;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_ref(a, 0, f.b[0], f.g[0], &before, &d), FP_OK);
+    uint64_t s0 = before.size;
+    CHECK_EQ(s0, size_of(a, f.b[0]));
+    uint64_t bad[] = {REGION, REGION + PAGE, top_of(a, DR) + PAGE, UINT64_MAX - PAGE + 1, s0 + 1, 0};
+    int why[] = {FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP,
+                 FP_ARENA_BAD_ALIGN, FP_ARENA_BAD_SIZE};
+    for (unsigned k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        fp_store64_release(&fp_arena_block(a, f.b[0])->size, bad[k]);
+        CHECK_EQ(fp_arena_ref(a, 0, f.b[0], f.g[0], &b, &d), FP_CORRUPT);
+        CHECKF(d.why == why[k] && d.value == bad[k], "size %llu: why %d", (unsigned long long)bad[k], d.why);
+        CHECK_EQ(t_count(a, 0, f.b[0]), 1); /* `before`'s: a refused ref adds none */
+    }
+    CHECK_EQ(before.size, s0); /* a private copy: no later header write reaches it */
+    /* a top lowered under the block: the block now runs past it */
+    fp_store64_release(&fp_arena_block(a, f.b[0])->size, s0);
+    fp_store64_release(fp_arena_top(a, DR), s0 - PAGE);
+    CHECK_EQ(fp_arena_ref(a, 0, f.b[0], f.g[0], &b, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_PAST_TOP);
+    arena_free(a, f.size);
+}
+
+/* Offsets from a descriptor or a caller that are not block headers: refused
+ * before any access (an access at these would fault or land elsewhere). */
+TEST(arena_offsets_outside_the_regions_are_refused_before_any_access)
+{
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size); /* 2-page minimum block */
+    uint64_t x = must_alloc(a, 3, 1, NULL), g = gen_of(a, x);
+    uint64_t bad[] = {0,
+                      a->regions_offset - PAGE,
+                      a->total_size,
+                      a->total_size + PAGE,
+                      UINT64_MAX - PAGE + 1,
+                      (uint64_t)1 << 63,
+                      x + 64,                                  /* not page-aligned */
+                      fp_arena_region(a, 3) + 16 * PAGE - PAGE /* the last page: no room for a header */};
+    for (unsigned k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        fp_arena_blk_t b;
+        fp_arena_damage_t d;
+        uint32_t n = 0;
+        int fr = 0;
+        CHECKF(fp_arena_ref(a, 0, bad[k], g, &b, &d) == FP_CORRUPT && d.why == FP_ARENA_BAD_OFFSET,
+               "offset %llu", (unsigned long long)bad[k]);
+        CHECK_EQ(fp_arena_unref(a, 0, bad[k]), FP_CORRUPT);
+        CHECK_EQ(fp_arena_count(a, 0, bad[k], &n), FP_CORRUPT);
+        CHECK_EQ(fp_arena_is_free(a, bad[k], &fr), FP_CORRUPT);
+    }
+    fp_arena_blk_t b;
+    fp_arena_damage_t d;
+    uint32_t n = 0;
+    CHECK_EQ(fp_arena_ref(a, FP_ARENA_MAX_PROCS, x, g, &b, &d), FP_CORRUPT); /* no such process */
+    CHECK_EQ(fp_arena_ref(a, UINT32_MAX, x, g, &b, &d), FP_CORRUPT);
+    CHECK_EQ(fp_arena_unref(a, FP_ARENA_MAX_PROCS, x), FP_CORRUPT);
+    CHECK_EQ(fp_arena_count(a, UINT32_MAX, x, &n), FP_CORRUPT);
+    uint64_t held = 0, fl = 0;
+    CHECK_EQ(fp_arena_reclaim(a, FP_ARENA_MAX_PROCS, &held, &d), FP_CORRUPT);
+    CHECK_EQ(fp_arena_alloc(a, FP_ARENA_MAX_PROCS, 1, &b, &fl, NULL, &d), FP_CORRUPT);
+    CHECK_EQ(fp_arena_check_region(a, FP_ARENA_MAX_PROCS, &held, &d), FP_CORRUPT);
+    CHECK_EQ(t_ref(a, 0, x, g), FP_OK);
+    arena_free(a, size);
+}
+
+/* The owner's private record of its top: a top lowered to a block boundary
+ * keeps the chain consistent, so only that record tells the next bump would
+ * land on live blocks. */
+TEST(arena_owner_notices_a_top_lowered_to_a_block_boundary)
+{
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t own = FP_ARENA_TOP_UNKNOWN, fl = 0;
+    fp_arena_blk_t b[3];
+    fp_arena_damage_t d;
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(fp_arena_alloc(a, 0, 5000, &b[i], &fl, &own, &d), FP_OK);
+    CHECK_EQ(own, top_of(a, 0));
+    fp_store64_release(fp_arena_top(a, 0), b[1].off - fp_arena_region(a, 0)); /* b1, b2 fall off the chain */
+    fp_arena_blk_t c;
+    CHECK_EQ(fp_arena_alloc(a, 0, 5000, &c, &fl, &own, &d), FP_CORRUPT);
+    CHECK_EQ(d.why, FP_ARENA_BAD_TOP);
+    CHECK_EQ(d.value, b[1].off - fp_arena_region(a, 0));
+    CHECK_EQ(fp_arena_alloc(a, 0, 5000, &c, &fl, NULL, &d), FP_OK); /* without the record: over b1 */
+    CHECK_EQ(c.off, b[1].off);
+    arena_free(a, size);
+}
+
+/* ------------------------------------------------------------------- reset */
+
+TEST(arena_reset_of_an_intact_region_changes_nothing)
+{
+    dfix_t f = dfix();
+    uint64_t top = top_of(f.a, DR), q = 1;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_reset_region(f.a, DR, &q, &d), FP_OK);
+    CHECK_EQ(q, 0);
+    CHECK_EQ(d.why, FP_ARENA_BAD_NONE);
+    CHECK_EQ(top_of(f.a, DR), top);
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(gen_of(f.a, f.b[i]), f.g[i]);
+    CHECK_EQ(must_alloc(f.a, DR, 1, NULL), f.b[1]); /* the free block is reused as before */
+    arena_free(f.a, f.size);
+}
+
+/* The dead owner's region: b0 is held by the parent, b1 (free) has a garbage
+ * size, b2 is held by process 2.  Reset keeps b0, quarantines b1..top (b2's
+ * bytes and header included, untouched), and the next owner allocates only
+ * past the quarantine. */
+TEST(arena_reset_quarantines_from_the_damage_and_keeps_what_others_hold)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    CHECK_EQ(t_ref(a, 0, f.b[0], f.g[0]), FP_OK);
+    CHECK_EQ(t_reclaim(a, DR), 2); /* the owner died: its references on b0 and b2 go */
+    unsigned char b2_header[64];
+    memcpy(b2_header, fp_arena_block(a, f.b[2]), sizeof(b2_header));
+    uint64_t top = top_of(a, DR), s0 = size_of(a, f.b[0]);
+    fp_store64_release(&fp_arena_block(a, f.b[1])->size, UINT64_MAX - PAGE + 1);
+    uint64_t q = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_reset_region(a, DR, &q, &d), FP_OK);
+    CHECK_EQ(d.why, FP_ARENA_BAD_PAST_TOP);
+    CHECK_EQ(d.at, f.b[1] - f.base);
+    CHECK_EQ(q, top - (f.b[1] - f.base));
+    uint64_t n = 0;
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_OK);
+    CHECK_EQ(n, 2); /* b0 and the quarantine */
+    CHECK_EQ(size_of(a, f.b[0]), s0);
+    CHECK_EQ(gen_of(a, f.b[0]), f.g[0]);
+    CHECK_EQ(t_count(a, 0, f.b[0]), 1);
+    CHECK(gen_of(a, f.b[1]) != f.g[1]);
+    CHECK_EQ(t_count(a, 0, f.b[1]), FP_ARENA_PIN);
+    CHECK(memcmp(b2_header, fp_arena_block(a, f.b[2]), sizeof(b2_header)) == 0);
+    CHECK_EQ(t_count(a, 2, f.b[2]), 1);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 3000; k++)
+            CHECK_EQ(data_of(a, f.b[i])[k], 0x60 + i);
+    /* the next owner: b0 is still held, the quarantine never free */
+    uint64_t off = 0, fo = 0, fl = 0;
+    int rc;
+    while ((rc = t_alloc(a, DR, 3 * PAGE, &off, &fo, &fl)) == FP_OK)
+        CHECKF(off >= f.base + top, "allocated at +%llu, inside the quarantine", (unsigned long long)(off - f.base));
+    CHECK_EQ(rc, FP_NOSPACE);
+    fp_arena_unref(a, 0, f.b[0]);
+    CHECK_EQ(must_alloc(a, DR, 1, NULL), f.b[0]);
+    others_whole(&f, 0);
+    arena_free(a, f.size);
+}
+
+TEST(arena_reset_with_a_garbage_top_keeps_the_chain_that_holds_together)
+{
+    dfix_t f = dfix();
+    fp_arena_view_t *a = f.a;
+    t_reclaim(a, DR);
+    uint64_t top = top_of(a, DR);
+    fp_store64_release(fp_arena_top(a, DR), UINT64_MAX);
+    uint64_t q = 0, n = 0;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_reset_region(a, DR, &q, &d), FP_OK);
+    CHECK_EQ(d.why, FP_ARENA_BAD_TOP);
+    CHECK_EQ(q, REGION - top); /* past the last good block nothing can be vouched for */
+    CHECK_EQ(top_of(a, DR), REGION);
+    CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_OK);
+    CHECK_EQ(n, 4);
+    CHECK_EQ(must_alloc(a, DR, 1, NULL), f.b[0]); /* free blocks before the damage serve again */
+    arena_free(a, f.size);
+}
+
+TEST(arena_reset_leaves_no_block_smaller_than_a_header)
+{
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size); /* 2-page minimum */
+    uint64_t base = fp_arena_region(a, 7), got[7];
+    for (int i = 0; i < 6; i++)
+        got[i] = must_alloc(a, 7, 1, NULL); /* 2 pages each */
+    got[6] = must_alloc(a, 7, PAGE, NULL);  /* 3 pages: the chain ends at 15 */
+    CHECK_EQ(got[6], base + 12 * PAGE);
+    CHECK_EQ(top_of(a, 7), 15 * PAGE);
+    for (int i = 0; i < 7; i++)
+        fp_arena_unref(a, 7, got[i]);
+    uint64_t q = 0, n = 0;
+    fp_arena_damage_t d;
+    fp_store64_release(&fp_arena_block(a, got[6])->size, 3);
+    CHECK_EQ(fp_arena_reset_region(a, 7, &q, &d), FP_OK);
+    CHECK_EQ(q, 3 * PAGE);
+    CHECK_EQ(fp_arena_check_region(a, 7, &n, &d), FP_OK);
+    /* a span of one page after the cut grows to a whole block, where the region has room */
+    fp_store64_release(&fp_arena_block(a, got[6])->size, 3);
+    fp_store64_release(fp_arena_top(a, 7), 13 * PAGE);
+    CHECK_EQ(fp_arena_reset_region(a, 7, &q, &d), FP_OK);
+    CHECK_EQ(q, 2 * PAGE);
+    CHECK_EQ(top_of(a, 7), 14 * PAGE);
+    CHECK_EQ(fp_arena_check_region(a, 7, &n, &d), FP_OK);
+    /* a cut one page before the region's end: no block fits there, the top moves to it */
+    fp_store64_release(&fp_arena_block(a, got[6])->size, 3 * PAGE);
+    fp_store64_release(fp_arena_top(a, 7), 16 * PAGE); /* past the chain's end at 15: size 0 there */
+    CHECK_EQ(fp_arena_reset_region(a, 7, &q, &d), FP_OK);
+    CHECK_EQ(d.why, FP_ARENA_BAD_SIZE);
+    CHECK_EQ(d.at, 15 * PAGE);
+    CHECK_EQ(q, 0);
+    CHECK_EQ(top_of(a, 7), 15 * PAGE);
+    CHECK_EQ(fp_arena_check_region(a, 7, &n, &d), FP_OK);
+    CHECK_EQ(n, 7);
+    arena_free(a, size);
+}
+
+/* --------------------------------------------------------------- scribbles */
+
+/* Random chains, then random header words overwritten with adversarial values
+ * (zero, one, huge, page multiples, wrapping ones), as a task running any C
+ * could.  Every call terminates with a status; damage in worker regions never
+ * reaches region 0's data; after reclaim and reset of every damaged region
+ * every chain walks clean.  Zero is never written into a count: a count zeroed
+ * under a held block is indistinguishable from a free block (see _arena.pyx). */
+static uint64_t adversarial(uint64_t x, uint64_t here)
+{
+    switch (x % 12) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return UINT64_MAX;
+    case 3: return UINT64_MAX - PAGE + 1;
+    case 4: return (uint64_t)0 - here;              /* wraps to offset 0 */
+    case 5: return (uint64_t)0 - (here - PAGE);     /* wraps to the page before */
+    case 6: return PAGE * ((x >> 8) % 64);          /* plausible page multiples */
+    case 7: return REGION;
+    case 8: return REGION + PAGE;
+    case 9: return (x >> 4) | 1;
+    case 10: return (uint64_t)1 << 63;
+    default: return x >> 3;
+    }
+}
+
+TEST(arena_random_scribbles_never_hang_crash_or_spread)
+{
+    uint64_t seed = (uint64_t)now_ns() ^ (uint64_t)getpid();
+    printf("[seed %llu] ", (unsigned long long)seed);
+    uint64_t x = seed, damaged = 0, quarantined = 0;
+    for (int round = 0; round < 400; round++) {
+        uint64_t size = 0;
+        fp_arena_view_t *a = arena_new(NPROCS, 64 * PAGE, 4 * 64 * PAGE, &size);
+        enum { NB = 12 };
+        uint64_t blk[NPROCS][NB], gen[NPROCS][NB], nb[NPROCS];
+        for (uint32_t r = 0; r < NPROCS; r++) {
+            nb[r] = 0;
+            for (int i = 0; i < NB; i++) {
+                x = splitmix64(x);
+                uint64_t off = 0, fo = 0, fl = 0;
+                if (t_alloc(a, r, x % (5 * PAGE), &off, &fo, &fl) != FP_OK)
+                    break;
+                memset(data_of(a, off), 0x30 + (int)r, size_of(a, off) - hdr(a));
+                if (x & (1ull << 40) && r != 0) /* region 0's blocks stay held: their data is checked */
+                    fp_arena_unref(a, r, off);
+                else if (x & (1ull << 41))
+                    CHECK_EQ(t_ref(a, (uint32_t)((r + 1) % NPROCS), off, gen_of(a, off)), FP_OK);
+                blk[r][nb[r]] = off;
+                gen[r][nb[r]++] = gen_of(a, off);
+            }
+        }
+        /* scribble: worker regions always, region 0 in one round of four */
+        int nscribble = 1 + (int)(splitmix64(x) % 4);
+        int hit0 = round % 4 == 0;
+        for (int k = 0; k < nscribble; k++) {
+            x = splitmix64(x);
+            uint32_t r = hit0 && k == 0 ? 0 : 1 + (uint32_t)(x % (NPROCS - 1));
+            uint64_t here = nb[r] ? blk[r][(x >> 12) % nb[r]] : fp_arena_region(a, r);
+            switch ((x >> 20) % 5) {
+            case 0: fp_store64_release(fp_arena_top(a, r), adversarial(x >> 24, 0)); break;
+            case 1: fp_store64_release(&fp_arena_block(a, here)->size, adversarial(x >> 24, here)); break;
+            case 2: fp_arena_block(a, here)->magic = adversarial(x >> 24, here); break;
+            case 3: fp_store64_release(&fp_arena_block(a, here)->gen, adversarial(x >> 24, here)); break;
+            default: fp_store32_release(&fp_block_counts(fp_arena_block(a, here))[(x >> 24) % NPROCS],
+                                        (uint32_t)adversarial(x >> 28, here) | 1u);
+            }
+        }
+        /* every call, on every region and every descriptor */
+        fp_arena_damage_t d;
+        uint64_t n, l, i, nl, held, fl, q;
+        fp_arena_blk_t b;
+        fp_arena_usage(a, &l, &i, &nl, &d);
+        for (uint32_t r = 0; r < NPROCS; r++) {
+            fp_arena_check_region(a, r, &n, &d);
+            if (fp_arena_alloc(a, r, 100, &b, &fl, NULL, &d) == FP_OK)
+                fp_arena_unref(a, r, b.off);
+            for (uint64_t j = 0; j < nb[r]; j++)
+                if (fp_arena_ref(a, 0, blk[r][j], gen[r][j], &b, &d) == FP_OK) {
+                    CHECK(b.off == blk[r][j] && b.size >= a->min_block && b.size % PAGE == 0);
+                    CHECK(b.off - fp_arena_region(a, r) + b.size <= a->region_size);
+                    fp_arena_unref(a, 0, b.off);
+                }
+        }
+        /* the dead workers' regions are reclaimed and reset; then all walk clean */
+        for (uint32_t r = 1; r < NPROCS; r++) {
+            fp_arena_reclaim(a, r, &held, &d);
+            if (fp_arena_check_region(a, r, &n, &d) != FP_OK) {
+                damaged++;
+                CHECK_EQ(fp_arena_reset_region(a, r, &q, &d), FP_OK);
+                quarantined += q;
+            }
+        }
+        if (fp_arena_check_region(a, 0, &n, &d) != FP_OK) {
+            CHECK(hit0);
+            CHECK_EQ(fp_arena_reset_region(a, 0, &q, &d), FP_OK);
+        }
+        for (uint32_t r = 0; r < NPROCS; r++)
+            CHECKF(fp_arena_check_region(a, r, &n, &d) == FP_OK, "round %d region %u: %s", round, r,
+                   fp_arena_damage_text(d.why));
+        if (!hit0)
+            for (uint64_t j = 0; j < nb[0]; j++) {
+                unsigned char *p = data_of(a, blk[0][j]);
+                uint64_t len = size_of(a, blk[0][j]) - hdr(a);
+                for (uint64_t k = 0; k < len; k++)
+                    CHECKF(p[k] == 0x30, "round %d: region 0 block %llu byte %llu changed", round,
+                           (unsigned long long)j, (unsigned long long)k);
+            }
+        arena_free(a, size);
+    }
+    printf("[%llu damaged regions reset, %llu bytes quarantined] ", (unsigned long long)damaged,
+           (unsigned long long)quarantined);
+    CHECK(damaged > 0);
 }
 
 int main(int argc, char **argv) { return check_main(argc, argv); }

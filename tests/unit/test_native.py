@@ -146,4 +146,5 @@ def test_every_c_test_is_collected(native_binary: Callable[[Path, str], Path], s
 
 
 def test_native_sources_exist() -> None:
-    assert {s.name for s in _sources()} >= {"test_ring.c", "test_board.c", "test_ring_procs.c", "test_futex.c"}
+    assert {s.name for s in _sources()} >= {"test_ring.c", "test_board.c", "test_ring_procs.c", "test_futex.c",
+                                            "test_arena.c"}
