@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
 import sys
@@ -22,6 +21,7 @@ import time
 from typing import Any
 
 from fastpool import _codec, errors
+from fastpool._lazy import asyncio  # only a task returning a coroutine needs it (~10 ms to import)
 from fastpool._codec import K_CALL, K_INIT, K_STOP, R_BAD_RESULT, R_ERR, R_INIT_FAILED, R_OK, R_READY
 
 HEARTBEAT_INTERVAL_S = 0.05
