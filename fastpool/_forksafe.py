@@ -47,15 +47,13 @@ BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
 
 
 def os_threads() -> int:
-    """Threads of this process as the kernel counts them, native ones included."""
+    """Threads of this process as the kernel counts them, native ones included: field 20
+    of /proc/self/stat, what CPython 3.12+ reads after fork (about 50 us)."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
+        with open("/proc/self/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[17])  # fields from the 3rd on
     except (OSError, ValueError, IndexError):
-        pass
-    return 1 << 30
+        return 1 << 30
 
 
 def rss_bytes() -> int:
