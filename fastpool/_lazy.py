@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["LazyModule", "psutil", "asyncio"]
+__all__ = ["LazyModule", "psutil", "asyncio", "socket"]
 
 
 class LazyModule:
@@ -43,3 +43,4 @@ class LazyModule:
 
 psutil: Any = LazyModule("psutil")
 asyncio: Any = LazyModule("asyncio")
+socket: Any = LazyModule("socket")

@@ -35,7 +35,6 @@ import gc
 import os
 import pickle
 import signal
-import socket
 import sys
 import threading
 import time
@@ -44,7 +43,10 @@ from typing import TYPE_CHECKING, Any
 from fastpool import _forksafe
 
 if TYPE_CHECKING:
+    import socket
     import subprocess
+else:
+    from fastpool._lazy import socket  # imported when a template is first needed
 
 _MAX_MSG = 1 << 16
 _PR_SET_PDEATHSIG = 1
