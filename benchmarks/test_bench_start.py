@@ -8,6 +8,18 @@ killed worker takes to be replaced.
   run in this (long-lived) process; ``fresh_ms`` is the median of FRESH_RUNS first
   pools, each in a new interpreter that imported numpy, so it includes what a pool
   starts once per process (fastpool's template, loky's resource tracker).
+* Fresh processes (issue 8, section 4): every sample is a new interpreter running a
+  small script (a file, so ``__main__`` has one, as users run it) that imports numpy
+  first, then times, inside itself, ``import <peer>`` or constructor to the first result
+  of a task that uses numpy. Beside the pools: a plain ``multiprocessing`` spawn of a
+  child that imports numpy, and the first forkserver start with numpy preloaded.
+  ``fastpool [spawned template]`` forces the template to be spawned
+  (``FASTPOOL_TEMPLATE_START=spawn``, what a parent with other threads or over 256 MiB
+  gets); ``fastpool [script]`` submits a function defined in the script. The cases run
+  interleaved, FRESH_ROUNDS rounds of each, so machine noise lands on all of them alike;
+  each test then reports its samples through a clock that advances only by what its
+  child measured (``CHILD_CLOCK``), so the table holds the children's times, not the
+  cost of starting the children.
 * Replacement worker (fastpool only): SIGKILL the idle worker of a 1-worker pool,
   then time until a task runs in a new worker. The peers have no equivalent:
   ProcessPoolExecutor and loky turn broken for good, and mp.Pool usually deadlocks
@@ -18,6 +30,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
 import time
 
 import numpy  # noqa: F401  (see the module docstring: the parent has numpy, as users' do)
@@ -37,7 +53,9 @@ from _peers import (
 
 START_WORKERS = 2
 FRESH_RUNS = 3
+FRESH_ROUNDS = 7
 REPLACE_TIMEOUT_S = 10.0
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.mark.parametrize("name", TASK_PEERS)
@@ -121,3 +139,170 @@ def test_replacement_worker(benchmark):
 
         benchmark.pedantic(until_a_task_runs, setup=kill_idle_worker, rounds=5, iterations=1)
         tag(benchmark, "fastpool", start_method=peer.start_method)
+
+
+# --- fresh processes ------------------------------------------------------------------
+
+
+class _ChildClock:
+    """A pytest-benchmark timer that moves only when a sample is added to it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+CHILD_CLOCK = _ChildClock()
+
+_PRE = """
+import numpy, time, sys, os
+_KIND = dict(_ForkedProcess="template-fork", Popen="template-spawn")
+"""
+_FIRST = _PRE + """
+import {module}
+t0 = time.perf_counter()
+{make}
+result = {submit}
+elapsed = time.perf_counter() - t0
+assert result
+print({start}, elapsed)
+{close}
+"""
+_IMPORTS = {
+    "fastpool": "import fastpool",
+    "mp.Pool": "import multiprocessing",
+    "PPE": "from concurrent.futures import ProcessPoolExecutor",
+    "loky": "import loky",
+}
+_POOLS = {  # peer: (module, constructor, first result, how it starts workers, close)
+    "fastpool": ("fastpool, _tasks", "p = fastpool.Pool({n})", "p.submit(_tasks.import_numpy).result()",
+                 "_KIND[type(__import__('fastpool._template').__dict__['_template'].template()._proc).__name__]",
+                 "p.shutdown()"),
+    "mp.Pool": ("multiprocessing, _tasks", "p = multiprocessing.Pool({n})",
+                "p.apply_async(_tasks.import_numpy).get()", "multiprocessing.get_start_method()",
+                "p.terminate()"),
+    "PPE": ("concurrent.futures, _tasks", "p = concurrent.futures.ProcessPoolExecutor({n})",
+            "p.submit(_tasks.import_numpy).result()", "p._mp_context.get_start_method()", "p.shutdown()"),
+    "loky": ("loky, _tasks", "p = loky.get_reusable_executor({n})", "p.submit(_tasks.import_numpy).result()",
+             "'loky'", "p.shutdown()"),
+}
+_CHILD = _PRE + """
+import multiprocessing, _tasks
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("{method}")
+    {preload}
+    t0 = time.perf_counter()
+    child = ctx.Process(target=_tasks.import_numpy)
+    child.start()
+    child.join()
+    elapsed = time.perf_counter() - t0
+    assert child.exitcode == 0
+    print("{method}", elapsed)
+"""
+_SCRIPT = _PRE + """
+import fastpool
+
+def total(n):
+    return float(numpy.ones(n).sum())
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    with fastpool.Pool({n}) as p:
+        result = p.submit(total, 10).result()
+        elapsed = time.perf_counter() - t0
+        kind = _KIND[type(__import__("fastpool._template").__dict__["_template"].template()._proc).__name__]
+    assert result == 10.0
+    print(kind, elapsed)
+"""
+
+
+def _fresh_cases() -> dict[tuple[str, str, str], tuple[str, dict[str, str]]]:
+    """(kind, peer, idiom) -> (script, extra environment)."""
+    n = START_WORKERS
+    cases: dict[tuple[str, str, str], tuple[str, dict[str, str]]] = {}
+    for peer, stmt in _IMPORTS.items():
+        code = _PRE + f"t0 = time.perf_counter()\n{stmt}\nprint('-', time.perf_counter() - t0)\n"
+        cases[("import", peer, "")] = (code, {})
+    for peer, (module, make, submit, start, close) in _POOLS.items():
+        code = _FIRST.format(module=module, make=make.format(n=n), submit=submit, start=start, close=close)
+        code = "if __name__ == '__main__':\n" + textwrap.indent(code, "    ")
+        cases[("first", peer, "")] = (code, {})
+        if peer == "fastpool":
+            cases[("first", peer, "spawned template")] = (code, {"FASTPOOL_TEMPLATE_START": "spawn"})
+    cases[("first", "fastpool", "script")] = (_SCRIPT.format(n=n), {})
+    cases[("first", "mp spawn child", "")] = (_CHILD.format(method="spawn", preload=""), {})
+    cases[("first", "forkserver child", "")] = (
+        _CHILD.format(method="forkserver", preload="ctx.set_forkserver_preload(['numpy'])"), {})
+    return cases
+
+
+def _run_fresh(code: str, env_extra: dict[str, str], workdir: str) -> tuple[str, float]:
+    path = os.path.join(workdir, "start.py")
+    with open(path, "w") as f:
+        f.write(code)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as users run
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH_DIR, os.path.dirname(BENCH_DIR), env.get("PYTHONPATH")) if p)
+    env.update(env_extra)
+    done = subprocess.run([sys.executable, path], cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"fresh-process case failed:\n{code}\n{done.stderr[-2000:]}")
+    how, seconds = done.stdout.split()[-2:]
+    return how, float(seconds)
+
+
+@pytest.fixture(scope="module")
+def fresh_samples() -> dict[tuple[str, str, str], tuple[str, list[float]]]:
+    """Every case FRESH_ROUNDS times, interleaved round by round."""
+    cases = {k: v for k, v in _fresh_cases().items() if k[1] not in ("loky",) or _has("loky")}
+    out: dict[tuple[str, str, str], tuple[str, list[float]]] = {k: ("", []) for k in cases}
+    with tempfile.TemporaryDirectory() as workdir:
+        for key, (code, env) in cases.items():  # one untimed round: .pyc files, page cache
+            _run_fresh(code, env, workdir)
+        for _ in range(FRESH_ROUNDS):
+            for key, (code, env) in cases.items():
+                how, seconds = _run_fresh(code, env, workdir)
+                out[key] = (how, out[key][1] + [seconds])
+    return out
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _report(benchmark, samples: list[float]) -> None:
+    it = iter(samples)
+    benchmark.pedantic(lambda: CHILD_CLOCK.advance(next(it)), rounds=len(samples), iterations=1)
+
+
+@pytest.mark.benchmark(timer=CHILD_CLOCK)
+@pytest.mark.parametrize("peer", list(_IMPORTS))
+def test_fresh_import(benchmark, fresh_samples, peer):
+    if ("import", peer, "") not in fresh_samples:
+        pytest.skip(f"{peer} is not installed")
+    benchmark.group = "start: import in a fresh process (numpy imported first)"
+    _report(benchmark, fresh_samples[("import", peer, "")][1])
+    tag(benchmark, peer)
+
+
+_FIRST_CASES = [key for key in _fresh_cases() if key[0] == "first"]
+
+
+@pytest.mark.benchmark(timer=CHILD_CLOCK)
+@pytest.mark.parametrize("case", _FIRST_CASES, ids=[f"{p}-{i}" if i else p for _, p, i in _FIRST_CASES])
+def test_fresh_first_result(benchmark, fresh_samples, case):
+    if case not in fresh_samples:
+        pytest.skip(f"{case[1]} is not installed")
+    benchmark.group = f"start: fresh process, construct to first result (numpy first), {START_WORKERS} workers"
+    how, samples = fresh_samples[case]
+    _report(benchmark, samples)
+    tag(benchmark, case[1], idiom=case[2], start_method=how)

@@ -8,11 +8,11 @@ imports the other's machinery.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
 from fastpool import _codec, _policy
+from fastpool._lazy import asyncio  # only a task returning a coroutine needs it
 
 P = ParamSpec("P")
 R = TypeVar("R")

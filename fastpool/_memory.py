@@ -31,9 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from fastpool import _sizing
+from fastpool._lazy import psutil  # imported at the first sample: keeps `import fastpool` fast
 
 __all__ = [
     "rss_bytes",

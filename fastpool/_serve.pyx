@@ -14,7 +14,6 @@ worker keeps nothing per task but the function cache (id -> function), so
 the loop does no Python bookkeeping the parent already does.
 """
 
-import asyncio
 import inspect
 import os
 import pickle
@@ -23,6 +22,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from fastpool import _call, _codec, errors
+from fastpool._lazy import asyncio  # only a task returning a coroutine needs it
 
 from fastpool._core cimport (
     FP_AUX_FLUSH, FP_AUX_FN_ID, FP_AUX_FN_LEN, FP_K_CALL, FP_K_CALLKW, FP_K_STARCHUNK, FP_K_STOP,

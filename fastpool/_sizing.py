@@ -32,10 +32,9 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 
-import psutil
+from fastpool._lazy import psutil  # imported at the first use: keeps `import fastpool` fast
 
 __all__ = [
     "CgroupDir",
@@ -437,6 +436,8 @@ def parse_memory(value: int | float | str, *, root: StrPath = "/") -> int:
     if multiplier is None:
         raise ValueError(f"unknown unit {unit!r} in memory amount {value!r}; {_MEMORY_ADVICE}")
     # Decimal, not float: float("2.3") * 10**6 is 2299999.9999999995.
+    from decimal import Decimal  # only Pool(memory_limit=...) and friends need it
+
     nbytes = int(Decimal(number) * multiplier)
     if nbytes < 1:
         raise ValueError(f"memory amount {value!r} is under one byte; {_MEMORY_ADVICE}")

@@ -3,37 +3,50 @@
     parent process                         template (one per parent, numpy imported)
     --------------                         -------------------------------------------
     Template.connect() --ctl socket-------> accepts one SEQPACKET connection per pool
-    pool conn: ("spawn", req, slot) + fd -> fork(); child runs _worker.main(board, slot)
+    pool conn: ("spawn", req, slot, env) + board fd, arena fd
+                                           -> fork(); child runs _worker.main(board, slot)
               <- ("pid", req, pid) + pidfd
+              <- ("spawn-failed", req, errno, text)   fork/pidfd_open failed (EAGAIN, ENOMEM,
+                                                      EMFILE): one failed start of that slot
               <- ("exit", pid, exitcode)     SIGCHLD -> waitpid -> report
 
 Why: forking the parent is unsafe while it runs threads (the pool itself runs
 threads), and spawning a fresh interpreter costs ~100 ms of imports per
-worker.  The template is started once with subprocess (safe with threads),
-imports numpy once, and forks a ready worker in about a millisecond.
+worker.  The template is made once per parent process and forks a ready worker
+in about a millisecond.  It is forked from the parent when the parent runs one
+thread once OpenBLAS's idle pool is stopped (see _forksafe: NumPy and __main__ are
+then in place and the first result comes in tens of milliseconds), and started
+with subprocess otherwise (a new interpreter that imports numpy and re-imports
+the main script as ``__mp_main__``).
 
 Leftovers cannot outlive the parent: the template runs in its own session,
-kills every worker when the parent's socket reaches EOF, and each worker has
-PR_SET_PDEATHSIG=SIGKILL on the template.  The template lives as long as its
-parent process (like multiprocessing's forkserver); ``shutdown_template()``
-ends it early.
+watches a pidfd of the parent process (its socket alone is not enough: another
+child of the parent may hold a copy), kills every worker when the parent exits or
+its socket reaches EOF, and each worker has PR_SET_PDEATHSIG=SIGKILL on the
+template.  The template lives as long as its parent process (like
+multiprocessing's forkserver); ``shutdown_template()`` ends it early.
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
+import errno
 import gc
 import os
 import pickle
-import selectors
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from fastpool import _forksafe
+
+if TYPE_CHECKING:
+    import socket
+    import subprocess
+else:
+    from fastpool._lazy import socket  # imported when a template is first needed
 
 _MAX_MSG = 1 << 16
 _PR_SET_PDEATHSIG = 1
@@ -78,47 +91,69 @@ class Template:
     def _start(self) -> None:
         method = os.environ.get("FASTPOOL_TEMPLATE_START", "")
         if method == "fork" and threading.active_count() == 1:
-            self._start_forked()  # the user's choice, even with native threads running
-        elif method != "spawn" and _os_threads() == 1 and _rss_bytes() < FORK_MAX_RSS_BYTES:
-            self._start_forked()
+            self._start_forked(checked=False)  # the user's choice, even beside native threads
+        elif (method != "spawn" and _forksafe.rss_bytes() < FORK_MAX_RSS_BYTES
+                and _forksafe.fork_candidate() and self._start_forked(checked=True)):
+            pass
         else:
             self._start_spawned()
 
-    def _start_forked(self) -> None:
-        """Forks the template from this process: ~3x faster than a new interpreter
-        (NumPy is imported already).  Only while this process runs no other thread,
-        Python or native, so no lock can be inherited held."""
+    def _start_forked(self, checked: bool) -> bool:
+        """Forks the template from this process: NumPy and ``__main__`` are loaded
+        already, so it is ready in milliseconds.  With ``checked``, only if this process
+        ran one thread at the fork (see _forksafe); otherwise the child is killed before
+        it does anything and False is returned."""
+        parent = os.getpid()
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        _forksafe.flush_std_streams()
+        restore = (lambda: None) if _forksafe.blas_threads_chosen() else _forksafe.pin_openblas(1)
+        try:
+            if checked:
+                pid, alone = _forksafe.fork_checked()
+            else:
+                pid, alone = os.fork(), True
+        finally:
+            if os.getpid() == parent:
+                restore()
         if pid == 0:
             try:
+                # First the parent's pidfd: from here on its death is seen even when
+                # another child of it keeps our socket open (issue 9, section 5).
+                watch = _watch_parent(parent, parent)
                 # The parent's objects stay in this process but are never collected
-                # here (a finalizer could close an fd number we reuse), and its fds are
-                # closed (a socket the parent closes later must not stay open here).
+                # here (a finalizer could act on a descriptor it no longer owns), and
+                # its descriptors now point at /dev/null.
                 gc.freeze()
-                keep = child_end.fileno()
-                os.closerange(3, keep)
-                os.closerange(keep + 1, 1 << 20)
+                _forksafe.neutralise_inherited({child_end.fileno(), watch})
                 os.setsid()  # Ctrl-C in the terminal is the parent's to handle
                 devnull = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(devnull, 0)
                 os.close(devnull)
                 os.environ[ENV_FLAG] = "1"
-                _limit_blas_threads()
-                serve(child_end.fileno(), forked=True)
+                _forksafe.limit_blas_threads()
+                serve(child_end.fileno(), forked=True, parent_pidfd=watch)
             finally:
                 os._exit(0)
         child_end.close()
-        self._await_ready(_ForkedProcess(pid), parent_end, None)
+        proc = _ForkedProcess(pid)
+        if not alone:  # born beside another thread: it may be stuck on a lock; never used
+            proc.kill()
+            proc.wait()
+            parent_end.close()
+            return False
+        self._await_ready(proc, parent_end, None)
+        return True
 
     def _start_spawned(self) -> None:
+        import subprocess
+
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ)
         env[ENV_FLAG] = "1"
         # The template imports numpy before any pool exists, so BLAS pools are
         # sized here: one thread per worker unless the user said otherwise;
         # workers raise it with threadpoolctl when a pool has spare cores.
-        for var in _BLAS_VARS:
+        for var in _forksafe.BLAS_VARS:
             env.setdefault(var, "1")
         code = f"from fastpool._template import serve; serve({child_end.fileno()})"
         try:
@@ -190,6 +225,8 @@ class Template:
             self._ctl.close()
             self._ctl = None
         if self._proc is not None:
+            import subprocess  # here, not at import: `import fastpool` stays cheap
+
             try:
                 self._proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -207,27 +244,6 @@ class Template:
 # the process (a dataset the parent frees later stays in the template), so only a
 # small parent is forked; a big one pays ~150 ms for a fresh interpreter instead.
 FORK_MAX_RSS_BYTES = 256 << 20
-
-
-def _os_threads() -> int:
-    """Threads of this process, native ones included (an OpenBLAS pool, say): forking
-    with any of them running is what CPython 3.12+ warns about, so we only fork alone."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 1 << 30
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 1 << 62
 
 
 _TEMPLATE = Template()
@@ -267,6 +283,8 @@ class _ForkedProcess:
         end = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if end is not None and time.monotonic() >= end:
+                import subprocess
+
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
             time.sleep(0.002)
         assert self.returncode is not None
@@ -278,26 +296,6 @@ class _ForkedProcess:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-_BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "BLIS_NUM_THREADS")
-
-
-def _limit_blas_threads() -> None:
-    """One BLAS/OpenMP thread per worker unless the user set a count: so workers x BLAS
-    threads never oversubscribe the CPUs.  Env vars cover libraries not loaded yet;
-    threadpoolctl the ones a forked template inherited already loaded."""
-    user_set = any(v in os.environ for v in _BLAS_VARS)
-    for var in _BLAS_VARS:
-        os.environ.setdefault(var, "1")
-    if not user_set and "numpy" in sys.modules:
-        try:
-            from threadpoolctl import threadpool_limits
-
-            threadpool_limits(1)
-        except Exception:  # noqa: BLE001 - optional: without it, the env vars still apply
-            pass
 
 
 def _main_path() -> str | None:
@@ -316,16 +314,47 @@ def _main_path() -> str | None:
 
 def _prctl_pdeathsig(sig: int) -> None:
     try:
+        import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
 
-def serve(fd: int, forked: bool = False) -> None:
+def _watch_parent(parent: int, expected_ppid: int | None) -> int:
+    """A pidfd of the parent process, readable once it exits; -1 where pidfds are missing
+    (then the control socket's end of file is the only sign).  Exits at once if the parent
+    is gone already (we were reparented), since the pidfd could then name another process."""
+    try:
+        pidfd = os.pidfd_open(parent)
+    except OSError:  # ESRCH: gone; ENOSYS (kernel < 5.3), EMFILE: the socket will do
+        pidfd = -1
+    if expected_ppid is not None and os.getppid() != expected_ppid:
+        os._exit(0)
+    return pidfd
+
+
+def _recv_request(sock: socket.socket) -> tuple[Any, list[int], bool]:
+    """_recv plus whether descriptors were dropped for want of room (MSG_CTRUNC): a full fd
+    table must cost one start, not the template."""
+    data, fds, flags, _addr = socket.recv_fds(sock, _MAX_MSG, 8)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, [], False
+    return pickle.loads(data), fds, bool(flags & socket.MSG_CTRUNC)
+
+
+def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
     """The template's main loop.  Returns only to exit.
 
-    A forked template already has the parent's sys.path, cwd and main module."""
+    A forked template already has the parent's sys.path, cwd and main module, and
+    watches the parent through ``parent_pidfd``; a spawned one reads them from the
+    config message and opens the pidfd itself."""
+    import selectors
+
+    ppid = os.getppid()  # before anything: the pool's process started us
     ctl = socket.socket(fileno=fd)
     config = {"main": None}
     if not forked:
@@ -333,14 +362,16 @@ def serve(fd: int, forked: bool = False) -> None:
         if not msg or msg[0] != "config":
             os._exit(2)
         config = msg[1]
+        parent = config.get("parent", ppid)
+        parent_pidfd = _watch_parent(parent, ppid if parent == ppid else None)
         sys.path[:] = config["sys_path"]
         try:
             os.chdir(config["cwd"])
         except OSError:
             pass
     # No PR_SET_PDEATHSIG here: the kernel ties it to the parent *thread* that
-    # started us, and a pool may be created from a short-lived thread.  EOF on
-    # the control socket is what tells us the parent process is gone.
+    # started us, and a pool may be created from a short-lived thread.  The parent's
+    # pidfd (and EOF on the control socket) tells us the parent process is gone.
     import numpy  # noqa: F401  (preloaded: every worker forks with it)
 
     from fastpool import _worker  # noqa: F401
@@ -358,6 +389,8 @@ def serve(fd: int, forked: bool = False) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sel.register(ctl, selectors.EVENT_READ, "ctl")
     sel.register(wake_r, selectors.EVENT_READ, "wake")
+    if parent_pidfd >= 0:
+        sel.register(parent_pidfd, selectors.EVENT_READ, "parent")
     conns: dict[int, socket.socket] = {}
     owner: dict[int, socket.socket] = {}  # worker pid -> the pool connection that asked
 
@@ -384,6 +417,15 @@ def serve(fd: int, forked: bool = False) -> None:
                 except ProcessLookupError:
                     pass
 
+    def end() -> None:  # the parent is gone: nothing may outlive it
+        kill_workers(None)
+        for _ in range(200):
+            reap()
+            if not owner:
+                break
+            signal.sigtimedwait([signal.SIGCHLD], 0.01)
+        os._exit(0)
+
     while True:
         for key, _ev in sel.select():
             if key.data == "wake":
@@ -393,27 +435,29 @@ def serve(fd: int, forked: bool = False) -> None:
                 except BlockingIOError:
                     pass
                 reap()
+            elif key.data == "parent":
+                end()
             elif key.data == "ctl":
-                msg, fds = _recv(ctl)
-                if msg is None:  # the parent is gone: nothing may outlive it
-                    kill_workers(None)
-                    for _ in range(200):
-                        reap()
-                        if not owner:
-                            break
-                        signal.sigtimedwait([signal.SIGCHLD], 0.01)
-                    os._exit(0)
+                try:
+                    msg, fds = _recv(ctl)
+                except OSError:
+                    msg, fds = None, []
+                if msg is None:
+                    end()
                 if msg[0] == "pool" and fds:
                     conn = socket.socket(fileno=fds[0])
                     conns[conn.fileno()] = conn
                     sel.register(conn, selectors.EVENT_READ, "pool")
+                else:
+                    for fd in fds:
+                        os.close(fd)
             else:
                 conn = key.fileobj
                 assert isinstance(conn, socket.socket)
                 try:
-                    msg, fds = _recv(conn)
+                    msg, fds, truncated = _recv_request(conn)
                 except OSError:
-                    msg, fds = None, []
+                    msg, fds, truncated = None, [], False
                 if msg is None:
                     kill_workers(conn)
                     sel.unregister(conn)
@@ -424,16 +468,44 @@ def serve(fd: int, forked: bool = False) -> None:
                     conn.close()
                     continue
                 if msg[0] == "spawn":
-                    _spawn(conn, msg, fds, owner, [ctl, wake_r, wake_w, *conns.values()])
+                    keep_out = [sel, ctl, wake_r, wake_w, parent_pidfd, *conns.values()]
+                    _spawn(conn, msg, fds, truncated, owner, keep_out)
+                else:
+                    for fd in fds:
+                        os.close(fd)
 
 
-def _spawn(conn: socket.socket, msg: tuple, fds: list[int], owner: dict, close_in_child: list) -> None:
+def _reply(conn: socket.socket, msg: tuple, fds: list[int] = ()) -> None:  # type: ignore[assignment]
+    try:
+        _send(conn, msg, fds)
+    except OSError:  # that pool is gone; its EOF is handled in the loop
+        pass
+
+
+def _spawn(conn: socket.socket, msg: tuple, fds: list[int], truncated: bool, owner: dict,
+           close_in_child: list) -> None:
+    """Forks one worker for ``conn``'s pool.  Replies ("pid", req, pid) with the worker's
+    pidfd, or ("spawn-failed", req, errno, text) when fork() or pidfd_open() fails (EAGAIN
+    under a process limit, ENOMEM) or the request's descriptors did not arrive: a
+    failed start of that one slot, never the end of the template."""
     _, req, slot, env = msg
+    if truncated or not fds:
+        for fd in fds:
+            os.close(fd)
+        _reply(conn, ("spawn-failed", req, errno.EMFILE,
+                      "the worker template could not receive the pool's shared memory "
+                      "(its descriptor table is full)"))
+        return
     board_fd = fds[0]
     arena_fd = fds[1] if len(fds) > 1 else -1  # the pool's shared-array arena
+    failure: OSError | None = None
+    pid = pidfd = -1
     old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
     try:
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            failure = exc
         if pid == 0:
             code = 70
             try:
@@ -459,17 +531,24 @@ def _spawn(conn: socket.socket, msg: tuple, fds: list[int], owner: dict, close_i
                 traceback.print_exc()
             finally:
                 os._exit(code)
-        pidfd = os.pidfd_open(pid)
-        owner[pid] = conn
+        if pid > 0:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError as exc:  # EMFILE, ENOMEM: without a pidfd the pool cannot watch it
+                failure = exc
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)  # no pool owns it: reap it here, SIGCHLD is blocked
+            else:
+                owner[pid] = conn
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    os.close(board_fd)
-    if arena_fd >= 0:
-        os.close(arena_fd)
-    try:
-        _send(conn, ("pid", req, pid), [pidfd])
-    except OSError:
-        pass
+        os.close(board_fd)
+        if arena_fd >= 0:
+            os.close(arena_fd)
+    if failure is not None:
+        _reply(conn, ("spawn-failed", req, failure.errno or 0, failure.strerror or str(failure)))
+        return
+    _reply(conn, ("pid", req, pid), [pidfd])
     os.close(pidfd)
 
 

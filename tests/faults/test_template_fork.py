@@ -1,0 +1,169 @@
+"""A template forked from a parent that imported NumPy: when it is safe, what it
+inherits, and what it must not do again.
+
+Each test runs a script in a fresh interpreter: the fork decision depends on the
+threads of the process that makes the first pool, and pytest's own process runs
+faulthandler's watchdog thread (so its templates are spawned).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = [pytest.mark.faults, pytest.mark.linux]
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_TIMEOUT_S = 120
+
+
+def _run(tmp_path, body: str, *flags: str, **env: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body).replace("TESTS_DIR", repr(TESTS_DIR)))
+    full_env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    full_env.update(env)
+    out = subprocess.run([sys.executable, *flags, str(script)], capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_S, env=full_env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+_BLAS_THREADS = """
+    import os, sys, threading
+    sys.path.insert(0, TESTS_DIR)
+    import numpy as np
+    import fastpool, _tasks, _template_tasks
+    from fastpool import _forksafe, _template
+
+    def thread_names():
+        names = []
+        for tid in sorted(os.listdir("/proc/self/task")):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        return names
+
+    if __name__ == "__main__":
+        a = np.ones((400, 400))
+        a @ a  # OpenBLAS's pool has run a job
+        before = _forksafe.os_threads()
+        from threadpoolctl import threadpool_info
+        blas = [(i["internal_api"], i["threading_layer"], i["num_threads"]) for i in threadpool_info()]
+        assert threading.active_count() == 1
+        print("before", before, blas, thread_names(), file=sys.stderr)
+        with fastpool.Pool(2) as p:
+            assert p.submit(_tasks.add, 1, 2).result(timeout=60) == 3
+            assert p.submit(_template_tasks.blas_matmul, 300).result(timeout=60) == 300.0
+            t = _template.template()
+            kind, tpid = type(t._proc).__name__, t.pid
+            assert p.map(_tasks.double, range(8)) is not None
+            restarts, crashed = p.stats()["restarts"], p.stats()["crashed"]
+            assert t.pid == tpid  # the template never died and was replaced
+        a @ a  # the parent's BLAS pool starts again on demand
+        print(before, kind, restarts, crashed, _forksafe.os_threads())
+"""
+
+
+def test_a_parent_whose_only_other_threads_are_openblass_forks_its_template_without_a_warning(tmp_path):
+    # -W error: on 3.12+ a fork beside a running thread raises DeprecationWarning here, in
+    # the parent's Pool() or in the template's fork of a worker (that would kill the
+    # template and show as a restart).  On 3.11 the warning does not exist, and the
+    # test still checks that the fork happened with OpenBLAS's threads up just before.
+    out = _run(tmp_path, _BLAS_THREADS, "-W", "error::DeprecationWarning", OPENBLAS_NUM_THREADS="2")
+    before, kind, restarts, crashed, after = out.stdout.split()
+    if int(before) < 2:
+        pytest.skip(f"OpenBLAS started no thread here ({out.stderr.strip()})")
+    assert (kind, restarts, crashed) == ("_ForkedProcess", "0", "0"), out.stderr
+    assert int(after) == int(before)  # OpenBLAS brought its pool back in the parent
+    assert "Warning" not in out.stderr
+
+
+def test_a_parent_running_another_native_thread_beside_openblas_still_spawns(tmp_path):
+    # faulthandler's watchdog is a C thread that threading does not list: the checked
+    # fork sees it (the kernel's count, CPython's warning recorded, not raised), kills
+    # that child and spawns the template instead.
+    body = _BLAS_THREADS.replace("a @ a  # OpenBLAS's pool has run a job",
+                                 "a @ a\n        import faulthandler; faulthandler.dump_traceback_later(600)")
+    out = _run(tmp_path, body, "-W", "error::DeprecationWarning", OPENBLAS_NUM_THREADS="2")
+    before, kind, restarts, crashed, _after = out.stdout.split()
+    assert int(before) >= 2
+    assert (kind, restarts, crashed) == ("Popen", "0", "0"), out.stderr
+    assert "Warning" not in out.stderr
+
+
+_MAIN_ONCE = """
+    import os, sys
+    sys.path.insert(0, TESTS_DIR)
+    import numpy as np
+    import fastpool
+    from fastpool import _template
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs.txt"), "a") as f:
+        f.write(f"{os.getpid()}\\n")  # top-level code: runs once per import of this script
+
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+    def get_x(p):
+        return p.x * np.float64(2)
+
+    if __name__ == "__main__":
+        with fastpool.Pool(2) as p:
+            assert [p.submit(get_x, Point(i)).result(timeout=60) for i in range(4)] == [0, 2, 4, 6]
+            print(type(_template.template()._proc).__name__)
+"""
+
+
+@pytest.mark.parametrize("method, kind, runs", [
+    ("", "_ForkedProcess", 1),  # the fork already holds __main__: it is not run again
+    ("spawn", "Popen", 2),  # a new interpreter imports it as __mp_main__ (multiprocessing's rule)
+])
+def test_the_main_script_runs_again_only_in_a_spawned_template(tmp_path, method, kind, runs):
+    out = _run(tmp_path, _MAIN_ONCE, FASTPOOL_TEMPLATE_START=method)
+    assert out.stdout.split() == [kind]
+    pids = (tmp_path / "runs.txt").read_text().split()
+    assert len(pids) == runs, pids
+
+
+LOG_FILES = 12
+_INHERITED_LOG = """
+    import logging, os, sys
+    sys.path.insert(0, TESTS_DIR)
+    import numpy as np
+    import fastpool, _tasks, _template_tasks
+    from fastpool import _template
+
+    if __name__ == "__main__":
+        here = os.path.dirname(os.path.abspath(__file__))
+        root = logging.getLogger()
+        root.setLevel(logging.INFO)
+        # Open before the template, several of them: the low fd numbers they hold are the
+        # ones a worker's shared-memory descriptors would otherwise be given.
+        for i in range(LOG_FILES):
+            root.addHandler(logging.FileHandler(os.path.join(here, f"parent{i}.log")))
+        logging.getLogger("parent").info("before the pool")
+        with fastpool.Pool(1) as p:
+            assert type(_template.template()._proc).__name__ == "_ForkedProcess"
+            for _ in range(5):
+                p.submit(_template_tasks.log_lines, 50).result(timeout=60)
+            assert p.submit(_template_tasks.root_handler_count).result(timeout=60) == 0
+            big = np.arange(1 << 16, dtype=np.float64)  # travels through the arena
+            for i in range(50):
+                assert p.submit(_tasks.add, i, 1).result(timeout=60) == i + 1
+                assert p.submit(_tasks.identity, big).result(timeout=60).sum() == big.sum()
+            stats = p.stats()
+        logging.getLogger("parent").info("after the pool")
+        print(stats["crashed"], stats["restarts"], stats["completed"])
+"""
+
+
+def test_a_task_logging_through_a_handler_inherited_by_a_forked_template_leaves_the_pool_healthy(tmp_path):
+    out = _run(tmp_path, _INHERITED_LOG.replace("LOG_FILES", str(LOG_FILES)))
+    assert out.stdout.split() == ["0", "0", "106"], out.stderr
+    assert "Logging error" not in out.stderr
+    for i in range(LOG_FILES):  # nothing a worker wrote reached the parent's files
+        assert (tmp_path / f"parent{i}.log").read_text().splitlines() == ["before the pool", "after the pool"]

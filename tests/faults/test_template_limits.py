@@ -1,0 +1,152 @@
+"""A template that cannot fork a worker, or cannot open its pidfd, says so and lives on.
+
+These talk to the template at its protocol level (connect, send "spawn", read the
+reply): what the pool does with ("spawn-failed", req, errno, text) is the
+supervisor's business (a failed start of that slot: backoff, then the breaker).
+The limits are real: a pids cgroup the template is moved into (fork() fails with
+EAGAIN, as under a process limit) and a lowered RLIMIT_NOFILE (pidfd_open() fails
+with EMFILE).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+
+import _tasks
+import fastpool
+from fastpool import _template
+from fastpool._core import Board
+
+pytestmark = [pytest.mark.faults, pytest.mark.linux]
+
+REPLY_TIMEOUT_S = 30.0
+
+
+def _pids_hierarchy() -> Path | None:
+    """Where a pids controller is mounted that this process may add a group to."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        sep = fields.index("-")
+        fstype, mount, opts = fields[sep + 1], Path(fields[4]), fields[sep + 3].split(",")
+        if fstype == "cgroup" and "pids" in opts:
+            return mount
+        if fstype == "cgroup2":
+            try:
+                if "pids" in (mount / "cgroup.subtree_control").read_text().split():
+                    return mount
+            except OSError:
+                continue
+    return None
+
+
+@pytest.fixture
+def pids_cgroup() -> Iterator[Path]:
+    """A new pids cgroup; whatever is still in it afterwards goes back to the root."""
+    root = _pids_hierarchy()
+    if root is None:
+        pytest.skip("no pids cgroup controller is mounted (cgroup v1 'pids', or v2 with pids enabled)")
+    group = root / f"fastpool-test-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot create a pids cgroup under {root}: {exc}")
+    try:
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (root / "cgroup.procs").write_text(pid)
+            except OSError:  # it exited meanwhile
+                pass
+        group.rmdir()
+
+
+def _request(conn, req: int, fds: list[int]) -> tuple:
+    _template._send(conn, ("spawn", req, 0, {}), fds)
+    conn.settimeout(REPLY_TIMEOUT_S)
+    try:
+        msg, got = _template._recv(conn)
+    finally:
+        conn.settimeout(None)
+    assert msg is not None, "the template closed the connection"
+    assert msg[1] == req, msg
+    return msg, got
+
+
+def test_a_template_that_cannot_fork_reports_spawn_failed_and_keeps_serving(pids_cgroup: Path) -> None:
+    with fastpool.Pool(1) as pool:  # a pool on this process's template, its worker up
+        assert pool.submit(_tasks.add, 1, 2).result(timeout=REPLY_TIMEOUT_S) == 3
+        template = _template.template()
+        tpid = template.pid
+        conn = template.connect()
+        board = Board.create(1, 1 << 16)
+        pidfds: list[int] = []
+        try:
+            (pids_cgroup / "pids.max").write_text("1")
+            (pids_cgroup / "cgroup.procs").write_text(str(tpid))  # the template alone: no fork
+
+            msg, fds = _request(conn, 1, [board.fileno()])
+            assert msg[0] == "spawn-failed" and fds == []
+            assert msg[2] == errno.EAGAIN, msg
+
+            assert template.pid == tpid and psutil.Process(tpid).status() != psutil.STATUS_ZOMBIE
+            assert pool.submit(_tasks.add, 2, 3).result(timeout=REPLY_TIMEOUT_S) == 5  # others go on
+
+            (pids_cgroup / "pids.max").write_text("max")
+            msg, pidfds = _request(conn, 2, [board.fileno()])
+            assert msg[0] == "pid" and len(pidfds) == 1, msg
+            assert msg[2] in {c.pid for c in psutil.Process(tpid).children()}
+        finally:
+            conn.close()  # the template kills the worker it started for this connection
+            board.close()
+            for fd in pidfds:
+                os.close(fd)
+        assert pool.submit(_tasks.add, 3, 4).result(timeout=REPLY_TIMEOUT_S) == 7
+
+
+def test_a_template_that_cannot_open_a_pidfd_reaps_that_worker_and_reports_spawn_failed() -> None:
+    with fastpool.Pool(1) as pool:
+        assert pool.submit(_tasks.add, 1, 2).result(timeout=REPLY_TIMEOUT_S) == 3
+        template = _template.template()
+        proc = psutil.Process(template.pid)
+        conn = template.connect()
+        board = Board.create(1, 1 << 16)
+        limits = proc.rlimit(psutil.RLIMIT_NOFILE)
+        pidfds: list[int] = []
+        try:
+            # A request without descriptors is refused without allocating any; once it is
+            # answered the template is back in its loop and its fd table holds still.
+            msg, _ = _request(conn, 1, [])
+            assert msg[0] == "spawn-failed" and msg[2] == errno.EMFILE, msg
+            workers_before = {c.pid for c in proc.children()}
+
+            held = {int(n) for n in os.listdir(f"/proc/{proc.pid}/fd")}
+            lowest_free = next(n for n in itertools.count(3) if n not in held)
+            proc.rlimit(psutil.RLIMIT_NOFILE, (lowest_free + 1, limits[1]))  # room for the board fd only
+            msg, fds = _request(conn, 2, [board.fileno()])
+            assert msg[0] == "spawn-failed" and fds == []
+            assert msg[2] == errno.EMFILE, msg
+            assert {c.pid for c in proc.children()} == workers_before  # the forked one is reaped
+
+            proc.rlimit(psutil.RLIMIT_NOFILE, limits)
+            msg, pidfds = _request(conn, 3, [board.fileno()])
+            assert msg[0] == "pid" and len(pidfds) == 1, msg
+        finally:
+            proc.rlimit(psutil.RLIMIT_NOFILE, limits)
+            conn.close()
+            board.close()
+            for fd in pidfds:
+                os.close(fd)
+        assert pool.submit(_tasks.add, 3, 4).result(timeout=REPLY_TIMEOUT_S) == 7
