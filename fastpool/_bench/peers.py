@@ -1,14 +1,19 @@
 """Peers behind one adapter, process bookkeeping, and measurement helpers.
 
-Imported by conftest.py (fixtures) and by the test modules (parametrization lists,
-helpers); a test module cannot import conftest.py itself reliably, hence this module.
+Shared by ``python -m fastpool bench`` (fastpool/cli/bench.py) and the developer's
+pytest-benchmark suite (benchmarks/_peers.py re-exports this module and turns
+``PeerUnavailable`` into a skip).
 
-    PEERS[name](workers)   construct the executor (no warm-up: test_bench_start times this)
+    PEERS[name](workers)   construct the executor (no warm-up: the start benchmarks time this)
     peer.warm()            run tasks until every worker has answered and imported numpy
     peer.submit(fn, *a)    -> object with .result(timeout=None)
     peer.map(fn, items, chunksize) -> list, ordered; chunksize=None is the peer's default
     peer.close()           shut down and join the workers
     open_peer(name, n)     context manager: construct, warm, always close, reap leftovers
+    KEYS                   the command line's short names: mp, ppe, loky, joblib, serial
+
+``in-process`` is a peer too: the same call run in this process, the compute alone,
+for the rows that compare a pool's hop with the work it carries.
 """
 
 from __future__ import annotations
@@ -25,9 +30,8 @@ import time
 import warnings
 
 import psutil
-import pytest
 
-import _tasks
+from fastpool._bench import tasks as _tasks
 
 DEFAULT_WORKERS = 2  # the project's machines have 2 cores; more would time the scheduler
 # Generous for a healthy pool (warm-up takes well under a second, shutdown too), short
@@ -43,6 +47,10 @@ ABANDONED: list[str] = []
 # trackers, and the servers workers are forked from (fastpool's template is one per
 # parent process, like multiprocessing's forkserver).
 _INFRA_MARKERS = ("resource_tracker", "semaphore_tracker", "forkserver", "fastpool._template")
+
+
+class PeerUnavailable(ImportError):
+    """The peer's package is not installed (or fastpool's core is not built)."""
 
 
 class _Done:
@@ -80,7 +88,7 @@ class Peer:
 
     @staticmethod
     def require() -> None:
-        """Skip the test when this peer cannot be imported."""
+        """Raise PeerUnavailable, naming what to install, when this peer cannot be imported."""
 
     @property
     def start_method(self) -> str:
@@ -123,11 +131,10 @@ class FastpoolPeer(Peer):
 
     @staticmethod
     def require() -> None:
-        pytest.importorskip("fastpool._core", exc_type=ImportError)
         import fastpool
 
-        if not hasattr(fastpool, "Pool"):
-            pytest.skip("fastpool.Pool does not exist yet")
+        if fastpool.CORE_ERROR is not None:
+            raise PeerUnavailable(fastpool.CORE_ERROR)
 
     def __init__(self, workers: int) -> None:
         import fastpool
@@ -203,7 +210,7 @@ class LokyPeer(Peer):
 
     @staticmethod
     def require() -> None:
-        pytest.importorskip("loky")
+        _importable("loky")
 
     def __init__(self, workers: int) -> None:
         import loky
@@ -238,7 +245,7 @@ class JoblibPeer(Peer):
 
     @staticmethod
     def require() -> None:
-        pytest.importorskip("joblib")
+        _importable("joblib")
 
     def __init__(self, workers: int) -> None:
         import joblib
@@ -268,11 +275,57 @@ class JoblibPeer(Peer):
             executor.shutdown(wait=True, kill_workers=True)
 
 
+class InProcessPeer(Peer):
+    """No pool: each call runs here, at once. The compute alone, for reference rows."""
+
+    name = "in-process"
+    arrays_only = True
+
+    def __init__(self, workers: int = 0) -> None:
+        super().__init__(workers)
+
+    @property
+    def start_method(self) -> str:
+        return "-"
+
+    def submit(self, fn, *args):
+        return _Done(fn(*args))
+
+    def map(self, fn, items, chunksize=None) -> list:
+        return [fn(x) for x in items]
+
+    def warm(self) -> None:
+        _tasks.warm(0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def _importable(module: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise PeerUnavailable(f"{module} is not installed (pip install {module}, or pip install 'fastpool[bench]')")
+
+
 PEERS: dict[str, type[Peer]] = {
     cls.name: cls for cls in (FastpoolPeer, MpPoolPeer, PpePeer, LokyPeer, JoblibPeer)
 }
 TASK_PEERS = [name for name, cls in PEERS.items() if not cls.arrays_only]
 ARRAY_PEERS = list(PEERS)
+# The command line's names for the peers (--peers mp,ppe,loky,joblib).
+KEYS = {"fastpool": "fastpool", "mp": "mp.Pool", "ppe": "PPE", "loky": "loky", "joblib": "joblib",
+        "serial": "in-process"}
+ALL_PEERS: dict[str, type[Peer]] = {**PEERS, InProcessPeer.name: InProcessPeer}
+
+
+def available(name: str) -> str | None:
+    """None when peer ``name`` can run here, else why not."""
+    try:
+        ALL_PEERS[name].require()
+    except PeerUnavailable as exc:
+        return str(exc)
+    return None
 
 
 # --- processes ---------------------------------------------------------------------------
@@ -363,9 +416,11 @@ def close_peer(peer: Peer, before: set[int]) -> None:
 
 
 @contextlib.contextmanager
-def open_peer(name: str, workers: int = DEFAULT_WORKERS, warm: bool = True):
-    """A constructed (and warmed) peer that is always shut down, leftovers killed."""
-    cls = PEERS[name]
+def open_peer(name: str, workers: int = DEFAULT_WORKERS, warm: bool = True, peers=None):
+    """A constructed (and warmed) peer that is always shut down, leftovers killed.
+
+    ``peers`` maps names to classes (default ALL_PEERS); require() raises PeerUnavailable."""
+    cls = (ALL_PEERS if peers is None else peers)[name]
     cls.require()
     before = {p.pid for p in worker_processes()}
     peer = cls(workers)
@@ -380,7 +435,7 @@ def open_peer(name: str, workers: int = DEFAULT_WORKERS, warm: bool = True):
 def first_result_s(name: str, workers: int = DEFAULT_WORKERS) -> float:
     """Seconds from constructing peer ``name`` to its first ``import_numpy`` result
     (shutdown not counted)."""
-    cls = PEERS[name]
+    cls = ALL_PEERS[name]
     t0 = time.perf_counter()
     peer = cls(workers)
     try:
@@ -390,43 +445,39 @@ def first_result_s(name: str, workers: int = DEFAULT_WORKERS) -> float:
         peer.close()
 
 
+def _fresh_python(code: str, *args: str) -> float:
+    """Run ``code`` in a new interpreter; it prints seconds as its last word."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"fresh-process run failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
 def fresh_process_first_result_s(name: str, workers: int = DEFAULT_WORKERS) -> float:
     """first_result_s in a new interpreter that has imported numpy: the first pool
     of a program, which pays for whatever a pool starts once per process (fastpool's
     template, loky's resource tracker)."""
-    code = "import sys, numpy, _peers; print(_peers.first_result_s(sys.argv[1], int(sys.argv[2])))"
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (here, os.path.dirname(here), env.get("PYTHONPATH")) if p
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, name, str(workers)],
-        cwd=os.path.dirname(here), env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"fresh-process start of {name} failed:\n{done.stderr[-2000:]}")
-    return float(done.stdout.split()[-1])
+    code = ("import sys, numpy; from fastpool._bench import peers; "
+            "print(peers.first_result_s(sys.argv[1], int(sys.argv[2])))")
+    return _fresh_python(code, name, str(workers))
+
+
+def spawn_reference_s() -> float:
+    """A plain ``multiprocessing`` spawn of one child that imports numpy, from a new
+    interpreter that has imported numpy: what any fresh-interpreter start costs here,
+    the yardstick for a first pool (issue 8, section 4)."""
+    code = ("import multiprocessing as mp, time, numpy; from fastpool._bench import tasks\n"
+            "if __name__ == '__main__':\n"
+            "    ctx = mp.get_context('spawn'); t0 = time.perf_counter()\n"
+            "    p = ctx.Process(target=tasks.import_numpy); p.start(); p.join()\n"
+            "    assert p.exitcode == 0, p.exitcode\n"
+            "    print(time.perf_counter() - t0)")
+    return _fresh_python(code)
 
 
 # --- measurement helpers -------------------------------------------------------------------
-
-
-def median_s(benchmark) -> float | None:
-    """The median pytest-benchmark measured, or None under --benchmark-disable."""
-    stats = getattr(benchmark, "stats", None)
-    return None if stats is None else stats.stats.median
-
-
-def tag(benchmark, peer_name: str, variant: str = "", *, idiom: str = "", **extra) -> None:
-    """Labels report.py groups rows by; every test calls this.
-
-    ``variant`` names a swept setting (``chunksize=5000``: the report keeps a peer's
-    best); ``idiom`` a different way of using fastpool (``share``: its own row)."""
-    benchmark.extra_info["peer"] = peer_name
-    benchmark.extra_info["variant"] = variant or idiom
-    benchmark.extra_info["idiom"] = idiom
-    benchmark.extra_info.update(extra)
 
 
 class MemorySampler:

@@ -1,9 +1,8 @@
-"""Functions the benchmarks run inside workers.
+"""Functions the benchmarks run inside workers (``python -m fastpool bench`` and benchmarks/).
 
-They live in a module of their own, importable by name, so that every peer can send
+They live in the installed package, importable by name, so that every peer sends
 them by reference under every start method: a spawned worker (loky, forkserver)
-re-imports ``_tasks`` from ``benchmarks/`` (conftest puts it on ``sys.path`` and
-``PYTHONPATH``) instead of unpickling a function defined in a test module.
+imports ``fastpool._bench.tasks`` like any module, with no path set-up.
 
 NumPy is imported lazily, inside the functions that need it, so that a spawned
 worker which only runs ``noop`` does not pay for the import, and ``import_numpy``

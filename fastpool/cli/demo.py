@@ -345,3 +345,17 @@ def run_demo(
         return 1
     say(f"demo passed all {len(check.results)} checks in {total:.1f} s")
     return 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes for both pools (default: the CPUs this process may use)")
+    p.add_argument("--batches", type=int, default=64, help="number of batches (default: 64)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timed rounds per pool; the best one counts (default: 3)")
+
+
+def run(args, parser) -> int:
+    if args.workers is not None and args.workers < 1:
+        parser.error("--workers must be at least 1")
+    return run_demo(args.workers, args.batches, args.rounds)
