@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -26,6 +27,9 @@ COMMANDS = {
 }
 # Commands that run without the compiled core: doctor reports its absence as a finding.
 WITHOUT_CORE = {"doctor"}
+# Set (unless the user did) before a command's module loads NumPy: the demo compares
+# pools, not BLAS set-ups, with one BLAS thread per process and identical bits.
+ENVIRONMENT = {"demo": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
 
 
 def _version() -> str:
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(_version())
         return 0
     command = next((a for a in args_list if not a.startswith("-")), None)
+    for var, value in ENVIRONMENT.get(command or "", {}).items():
+        os.environ.setdefault(var, value)
     top = parser(command if command in COMMANDS else None)
     args = top.parse_args(args_list)
     if args.version:
@@ -78,3 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the interpreter flushes it at exit
+        return 1

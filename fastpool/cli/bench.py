@@ -29,8 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated peers beside fastpool: mp (multiprocessing.Pool), ppe "
                         f"(ProcessPoolExecutor), loky, joblib; those not installed are skipped "
                         f"(default: {DEFAULT_PEERS})")
-    p.add_argument("--workers", type=int, default=2,
-                   help="workers per pool (default: 2; the round trip also runs with 1)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="workers per pool (default: 2 for the standard scenarios, the round trip "
+                        "also with 1; with --user, tries 1 up to the usable CPUs)")
     p.add_argument("--only", metavar="IDS",
                    help="run only the scenarios whose id contains one of these comma-separated "
                         "words: hop, submits, map, arrays, one-way, round-trip, start, or a size "
@@ -95,7 +96,7 @@ def _peer_list(text: str) -> tuple[list[str], list[str]]:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from fastpool._bench import report
 
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         parser.error("--workers must be at least 1")
     if args.plot:
         try:
@@ -123,8 +124,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error("--user needs --args: the inputs, e.g. --args 'range(1000)'")
         from fastpool._bench import user
 
-        return user.run(args.user, args.user_args, workers=None if args.workers == 2 else args.workers,
-                        json_path=args.json, progress=not args.no_progress)
+        return user.run(args.user, args.user_args, workers=args.workers, json_path=args.json,
+                        progress=not args.no_progress)
     return _standard(args, parser, report, old[0] if old else None)
 
 
@@ -142,7 +143,8 @@ def _standard(args: argparse.Namespace, parser: argparse.ArgumentParser, report:
         print(f"python -m fastpool bench: {skipped['fastpool']}", file=sys.stderr)
         return 1
     names = [n for n in names if n not in skipped]
-    cases = scenarios.catalog(names, quick=args.quick, only=args.only, workers=args.workers)
+    workers = args.workers or scenarios.START_WORKERS
+    cases = scenarios.catalog(names, quick=args.quick, only=args.only, workers=workers)
     if not cases:
         parser.error(f"--only {args.only!r} selects no scenario")
     t0 = time.perf_counter()
@@ -154,7 +156,7 @@ def _standard(args: argparse.Namespace, parser: argparse.ArgumentParser, report:
     took = time.perf_counter() - t0
     env = _env.environment()
     mode = "--quick" if args.quick else "full"
-    print(f"## python -m fastpool bench ({mode}, {args.workers} workers, {took:.0f} s)\n")
+    print(f"## python -m fastpool bench ({mode}, {workers} workers, {took:.0f} s)\n")
     print(report.table(results))
     print()
     print(report.LEGEND)
@@ -168,7 +170,7 @@ def _standard(args: argparse.Namespace, parser: argparse.ArgumentParser, report:
     for line in failed:
         print(f"\nFAILED: {line}")
     print("\n" + _env.footer(env))
-    meta = {"argv": shlex.join(sys.argv), "quick": args.quick, "workers": args.workers,
+    meta = {"argv": shlex.join(sys.argv), "quick": args.quick, "workers": workers,
             "peers": names, "skipped": skipped, "seconds": round(took, 1)}
     if args.json:
         report.dump(results, env, meta, args.json)

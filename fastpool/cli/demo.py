@@ -1,26 +1,29 @@
-"""``python -m fastpool demo``: a NumPy batch job on fastpool and on multiprocessing.Pool,
-then fastpool's supervision, live.
+"""``python -m fastpool demo``: why fastpool exists, measured side by side with
+multiprocessing.Pool in this run, on this machine (about 10 s on two cores).
 
-    make_batches()          built-in data: float64 batches, sinusoids in noise, fixed seed
-    in-process reference    process_batch over every batch, serially, in this process
-    throughput              the same map on multiprocessing.Pool and fastpool.Pool, rounds
-                            interleaved, best round of each; results compared bit for bit
-    supervision             tasks that SIGKILL and segfault their own worker beside normal
-                            ones; a spinning task under pool.options(timeout=0.5)
+    1. many small tasks     no-op round trips (median, p99) and SUBMITS individual submits
+    2. a 256 MiB array job  one shared input, workers writing their slice of a shared output
+                            (pool.empty), against the same job with arrays passed by value
+                            (multiprocessing.Pool, and fastpool too); time and extra PSS
+    3. compute-bound work   a NumPy batch job where the work dominates: pools tie, honestly
+    4. supervision          a SIGKILL, a segfault, a timeout and a memory kill, each failing
+                            one future with its own error while the pool carries on; the
+                            same SIGKILL on multiprocessing.Pool, for contrast
+    5. cleanup              no /dev/shm file, no worker left
+    summary                 every ratio above, from this run's measurements
 
-Every function a worker runs (``process_batch``, ``die_by_sigkill``, ``die_by_segfault``,
-``spin``) lives at module level here, so the workers of both pools unpickle it by name,
-whatever their start method.  ``run_demo`` returns the exit code: 0 when every check
-passed, 1 otherwise.
+Every result is checked bit for bit against the same computation in this process.
+Functions the workers run live at module level here, so both pools unpickle them by
+name under any start method. ``run_demo`` returns 0 when every check passed, else 1.
 """
 
 from __future__ import annotations
 
-import ctypes
+import argparse
 import logging
 import multiprocessing
 import os
-import signal
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -29,333 +32,295 @@ from typing import Any, TextIO
 
 import numpy as np
 
-# One BLAS thread per process for both pools and the in-process reference: the
-# throughput comparison then measures the pools, not two BLAS configurations,
-# and every process computes the same bits.  __main__ sets these before numpy
-# is imported; they are listed here so the demo can say what it ran with.
+from fastpool.cli._demo_parts import (
+    RESULT_WAIT_S,
+    SPIN_LIMIT_S,
+    Checks,
+    alive,
+    die_by_segfault,
+    die_by_sigkill,
+    hog_memory,
+    make_batches,
+    outcome,
+    process_batch,
+    same_results,
+    shared_mappings,
+    spin,
+    wait_healed,
+)
+from fastpool._bench import tasks
+
+# One BLAS thread per process (cli/__init__ sets them before NumPy loads): the pools are
+# compared, not BLAS configurations, and every process computes the same bits.
 BLAS_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-SEED = 2024
-ROWS = 384
-COLS = 512
-TOP_EIGENVALUES = 4
-HEAL_WAIT_S = 15.0
-RESULT_WAIT_S = 60.0
+ROUND_TRIPS = 500
+SUBMITS = 5_000
+ARRAY_MIB = 256
+BATCHES = 32
 TASK_TIMEOUT_S = 0.5
-SPIN_LIMIT_S = 30.0  # spin() gives up by itself, so a broken timeout cannot strand a worker
+MEMORY_LIMIT = "256MiB"
+MP_CRASH_WAIT_S = 1.0
+PSS_INTERVAL_S = 0.02  # sampling PSS costs ~0.2 ms a process: every 20 ms keeps it off the timing
 
 
-# ---- worker side -------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes for both pools (default: the CPUs this process may use)")
 
 
-def process_batch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row statistics, the dominant frequency of each row, and the batch's Gram spectrum.
-
-    Returns ``(features, top)``: ``features`` is ``(rows, 7)`` float64 (mean, std, min,
-    max, peak frequency bin, spectral power, Gram row sum), ``top`` the largest
-    ``TOP_EIGENVALUES`` eigenvalues of ``x @ x.T / cols``.  About 8 ms for a 384 x 512
-    batch on one core of the project's machine."""
-    spectrum = np.abs(np.fft.rfft(x, axis=1))
-    peak = spectrum[:, 1:].argmax(axis=1) + 1  # bin 0 is the mean, not a frequency
-    power = (spectrum**2).sum(axis=1)
-    gram = x @ x.T / x.shape[1]
-    top = np.linalg.eigvalsh(gram)[-TOP_EIGENVALUES:]
-    features = np.column_stack(
-        [x.mean(axis=1), x.std(axis=1), x.min(axis=1), x.max(axis=1), peak, power, gram.sum(axis=1)]
-    )
-    return features, top
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.workers is not None and args.workers < 1:
+        parser.error("--workers must be at least 1")
+    return run_demo(args.workers)
 
 
-def die_by_sigkill() -> None:
-    """Kills its own worker with SIGKILL, as the kernel's OOM killer would."""
-    os.kill(os.getpid(), signal.SIGKILL)
+def job_chunk(src: np.ndarray) -> np.ndarray:
+    """The array job on a chunk, by value: ``sqrt(x) * 0.5 + x``, a new array back.
 
-
-def die_by_segfault() -> None:
-    """Dereferences NULL in C: the worker dies of SIGSEGV, as with a bug in native code."""
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in the user's directory
-    except (ImportError, ValueError, OSError):
-        pass
-    ctypes.string_at(0)
-
-
-def spin(seconds: float = SPIN_LIMIT_S) -> str:
-    """Burns CPU for ``seconds`` in pure Python (never sleeps), then returns."""
-    end = time.monotonic() + seconds
-    n = 0
-    while time.monotonic() < end:
-        n += 1
-    return f"spun {n} times"
-
-
-# ---- parent side -------------------------------------------------------------------
-
-
-def make_batches(n_batches: int, rows: int = ROWS, cols: int = COLS, seed: int = SEED) -> list[np.ndarray]:
-    """``n_batches`` arrays of ``(rows, cols)`` float64: one sinusoid per row in unit noise.
-
-    Row i of batch b has its own frequency (a whole number of cycles per row), so
-    ``process_batch`` has a right answer to find.  Deterministic for a seed."""
-    rng = np.random.default_rng(seed)
-    n_freqs = cols // 4
-    phase = 2 * np.pi * np.arange(cols) / cols
-    table = 2.0 * np.sin(np.arange(1, n_freqs + 1)[:, None] * phase)  # (n_freqs, cols)
-    out = []
-    for _ in range(n_batches):
-        freqs = rng.integers(1, n_freqs + 1, size=rows)
-        batch = rng.standard_normal((rows, cols))
-        batch += table[freqs - 1]
-        out.append(batch)
+    Correctly rounded operations only, so any chunking gives the same bits."""
+    out = np.sqrt(src)
+    out *= 0.5
+    out += src
     return out
 
 
-def same_results(a: list, b: list) -> bool:
-    """Bit for bit: every array of every result equal, NaN nowhere."""
-    if len(a) != len(b):
-        return False
-    return all(
-        len(ra) == len(rb) and all(np.array_equal(xa, xb) for xa, xb in zip(ra, rb)) for ra, rb in zip(a, b)
-    )
+def job_fill(src: np.ndarray, out: np.ndarray, lo: int, hi: int) -> int:
+    """The same job written into ``out[lo:hi]``: with shared arrays nothing travels back."""
+    np.sqrt(src[lo:hi], out=out[lo:hi])
+    out[lo:hi] *= 0.5
+    out[lo:hi] += src[lo:hi]
+    return hi - lo
 
 
-class _Checks:
-    """Named pass/fail checks; the demo's exit code is whether all passed."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.results: list[tuple[str, bool]] = []
-
-    def __call__(self, ok: bool, what: str, detail: str = "") -> bool:
-        self.results.append((what, bool(ok)))
-        mark = "ok  " if ok else "FAIL"
-        self.out.write(f"   [{mark}] {what}{(': ' + detail) if detail else ''}\n")
-        self.out.flush()
-        return bool(ok)
-
-    @property
-    def failed(self) -> list[str]:
-        return [what for what, ok in self.results if not ok]
-
-
-def _timed(run: Callable[[], list]) -> tuple[float, list]:
+def _timed(run: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
-    results = run()
-    return time.perf_counter() - t0, results
+    result = run()
+    return time.perf_counter() - t0, result
 
 
-def _outcome(fut: Future) -> tuple[str, BaseException | None]:
-    try:
-        fut.result(timeout=RESULT_WAIT_S)
-    except BaseException as exc:  # noqa: BLE001 - the demo shows whatever each future got
-        return "error", exc
-    return "ok", None
+def _pss(run: Callable[[], Any]) -> tuple[float, Any, float]:
+    """(seconds, result, MiB of PSS the call added to this process and its workers)."""
+    from fastpool._bench.peers import MemorySampler
+
+    with MemorySampler(PSS_INTERVAL_S) as sampler:
+        seconds, result = _timed(run)
+    return seconds, result, (sampler.peak_pss - sampler.baseline_pss) / 2**20
 
 
-def _wait_healed(pool: Any, restarts: int, workers: int) -> bool:
-    """True once ``restarts`` replacements happened and every slot holds a ready worker."""
-    deadline = time.monotonic() + HEAL_WAIT_S
-    while time.monotonic() < deadline:
+def _latencies(call: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - t0)
+    return sorted(out)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f} µs" if seconds >= 1e-4 else f"{seconds * 1e6:.1f} µs"
+
+
+def small_tasks(say: Callable[..., None], check: Checks, fp: Any, mp: Any, summary: list[str]) -> None:
+    say("1. Many small tasks: the cost of one task, nothing to compute")
+    for name, call in (("multiprocessing.Pool", lambda: mp.apply_async(tasks.noop).get()),
+                       ("fastpool.Pool", lambda: fp.submit(tasks.noop).result())):
+        for _ in range(50):
+            call()  # warm
+    mp_lat = _latencies(lambda: mp.apply_async(tasks.noop).get(), ROUND_TRIPS)
+    fp_lat = _latencies(lambda: fp.submit(tasks.noop).result(), ROUND_TRIPS)
+    p99 = lambda lat: lat[int(0.99 * len(lat))]  # noqa: E731
+    for name, lat in (("multiprocessing.Pool", mp_lat), ("fastpool.Pool", fp_lat)):
+        say(f"   round trip, submit then wait  {name:<22} median {_us(statistics.median(lat)):>9}  "
+            f"p99 {_us(p99(lat)):>9}")
+    rt = statistics.median(mp_lat) / statistics.median(fp_lat)
+    say(f"   -> round trip: fastpool {rt:.1f}x faster at the median, {p99(mp_lat) / p99(fp_lat):.1f}x at p99")
+    want = [i * i for i in range(SUBMITS)]
+    mp_s, mp_got = _timed(lambda: [f.get() for f in [mp.apply_async(tasks.square, (i,)) for i in range(SUBMITS)]])
+    fp_s, fp_got = _timed(lambda: [f.result() for f in [fp.submit(tasks.square, i) for i in range(SUBMITS)]])
+    for name, secs in (("multiprocessing.Pool", mp_s), ("fastpool.Pool", fp_s)):
+        say(f"   {SUBMITS:,} submits, then wait   {name:<22} {SUBMITS / secs:9,.0f} tasks/s")
+    say(f"   -> {SUBMITS:,} individual submits: fastpool {mp_s / fp_s:.2f}x the tasks/s")
+    check(mp_got == want and fp_got == want, f"all {SUBMITS:,} results right on both pools")
+    summary += [f"no-op round trip            {rt:6.1f}x faster ({_us(statistics.median(fp_lat))} vs "
+                f"{_us(statistics.median(mp_lat))})",
+                f"{SUBMITS:,} individual submits    {mp_s / fp_s:6.2f}x the tasks/s"]
+
+
+def array_job(say: Callable[..., None], check: Checks, fp: Any, mp: Any, workers: int,
+              summary: list[str]) -> None:
+    n = ARRAY_MIB * 2**20 // 8
+    k = 2 * workers
+    bounds = [(i * n // k, (i + 1) * n // k) for i in range(k)]
+    say(f"2. A {ARRAY_MIB} MiB array job: out = sqrt(x) * 0.5 + x over float64 x, in {k} chunks")
+    rng = np.random.default_rng(7)
+    x = rng.random(n)
+    job_chunk(x[: n // 8])  # the allocator's first big blocks are fresh pages; not the job's cost
+    serial_s, reference = _timed(lambda: job_chunk(x))
+    say(f"   in this process, one core            {serial_s:7.3f} s   (the compute alone; "
+        f"its output adds {ARRAY_MIB} MiB)")
+    rows: list[tuple[str, float, float]] = []
+
+    def by_value_mp() -> np.ndarray:
+        return np.concatenate(mp.map(job_chunk, [x[lo:hi] for lo, hi in bounds], 1))
+
+    def by_value_fp() -> np.ndarray:
+        return np.concatenate(list(fp.map(job_chunk, [x[lo:hi] for lo, hi in bounds], chunksize=1)))
+
+    src = fp.empty(n)  # where the data would be made in the first place
+    src[...] = x
+
+    def shared_fp() -> np.ndarray:
+        out = fp.empty(n)
+        futures = [fp.submit(job_fill, src, out, lo, hi) for lo, hi in bounds]
+        assert sum(f.result(timeout=RESULT_WAIT_S) for f in futures) == n
+        return out
+
+    outputs = {}
+    for name, call in (("multiprocessing.Pool, by value", by_value_mp),
+                       ("fastpool.Pool, by value", by_value_fp),
+                       ("fastpool.Pool, shared in and out", shared_fp)):
+        secs, out, extra = _pss(call)
+        outputs[name] = out
+        rows.append((name, secs, extra))
+        say(f"   {name:<37}{secs:7.3f} s   +{extra:6,.0f} MiB PSS")
+        del out
+    (mp_name, mp_s, mp_mb), _, (_, sh_s, sh_mb) = rows
+    check(all(np.array_equal(o, reference) for o in outputs.values()),
+          "outputs identical", "every pool's output == the in-process one, bit for bit")
+    outputs.clear()
+    say(f"   -> shared arrays: {mp_s / sh_s:.1f}x faster than multiprocessing.Pool, +{sh_mb:,.0f} MiB "
+        f"of memory instead of +{mp_mb:,.0f} MiB; {sh_s / serial_s:.2f}x the one-core compute time")
+    summary.append(f"{ARRAY_MIB} MiB array job, shared  {mp_s / sh_s:6.1f}x faster, +{sh_mb:,.0f} MiB "
+                   f"PSS vs +{mp_mb:,.0f} MiB")
+
+
+def compute_bound(say: Callable[..., None], check: Checks, fp: Any, mp: Any,
+                  batches: list[np.ndarray], reference: list, summary: list[str]) -> None:
+    say(f"3. Compute-bound: process_batch over {len(batches)} batches of 384 x 512 (FFT, Gram "
+        "eigenvalues), chunksize=1")
+    mp_s, mp_res = _timed(lambda: mp.map(process_batch, batches, 1))
+    fp_s, fp_res = _timed(lambda: list(fp.map(process_batch, batches, chunksize=1)))
+    for name, secs in (("multiprocessing.Pool", mp_s), ("fastpool.Pool", fp_s)):
+        say(f"   {name:<37}{secs:7.3f} s   {len(batches) / secs:6.1f} batches/s")
+    say(f"   -> {mp_s / fp_s:.2f}x: when each task computes for milliseconds, the pool's own cost "
+        "vanishes and every pool is as fast as the cores")
+    check(same_results(fp_res, reference) and same_results(mp_res, reference),
+          "results identical", "fastpool == multiprocessing.Pool == in-process, bit for bit")
+    summary.append(f"compute-bound batches       {mp_s / fp_s:6.2f}x (the work dominates)")
+
+
+def supervision(say: Callable[..., None], check: Checks, workers: int, batches: list[np.ndarray],
+                reference: list, summary: list[str]) -> list[int]:
+    import fastpool
+    from fastpool import TaskTimeout, WorkerCrashed, WorkerMemoryError
+
+    say(f"4. Supervision: 4 tasks that kill their worker, among 6 normal ones "
+        f"(Pool(memory_limit={MEMORY_LIMIT!r}), options(timeout={TASK_TIMEOUT_S}) for spin)")
+    with fastpool.Pool(workers, blas_threads=1, memory_limit=MEMORY_LIMIT, memory_interval_s=0.02) as pool:
+        pool.submit(int).result(timeout=RESULT_WAIT_S)
+        wait_healed(pool, 0, workers)
+        before = sorted(pool.pids())
+        bad: dict[str, tuple[Future, type, str]] = {
+            "die_by_sigkill()": (pool.submit(die_by_sigkill), WorkerCrashed, "SIGKILL"),
+            "die_by_segfault()": (pool.submit(die_by_segfault), WorkerCrashed, "SIGSEGV"),
+            "spin()": (pool.options(timeout=TASK_TIMEOUT_S).submit(spin, SPIN_LIMIT_S), TaskTimeout, ""),
+            "hog_memory()": (pool.submit(hog_memory), WorkerMemoryError, "memory"),
+        }
+        good = [(i, pool.submit(process_batch, batches[i])) for i in range(6)]
+        for label, (fut, want, word) in bad.items():
+            status, exc = outcome(fut)
+            say(f"   {label:<19} -> {type(exc).__name__ if exc else 'completed'}: {exc}")
+            check(type(exc) is want and word in str(exc), f"{label} failed with {want.__name__}")
+        got = [fut.result(timeout=RESULT_WAIT_S) for _, fut in good if fut.exception(timeout=RESULT_WAIT_S) is None]
+        check(len(got) == len(good) and same_results(got, [reference[i] for i, _ in good]),
+              "the 6 normal tasks completed with the right results")
+        healed = wait_healed(pool, 4, workers)
+        after = pool.submit(process_batch, batches[7]).result(timeout=RESULT_WAIT_S)
         stats = pool.stats()
-        ready = sum(1 for w in stats["workers"] if w["state"] == "ready")
-        if stats["restarts"] >= restarts and ready == workers:
-            return True
-        time.sleep(0.02)
-    return False
+        say(f"   workers before {before}, after {sorted(pool.pids())}; restarts {stats['restarts']}, "
+            f"crash records {len(stats['crashes'])} (pool.stats()['crashes'])")
+        check(healed and same_results([after], [reference[7]]),
+              f"all 4 dead workers replaced, {workers} ready, the pool computes correctly")
+        last = sorted(pool.pids())
+        shm, with_memfd = shared_mappings(last)
+    summary.append("supervision                 4 kills -> 4 specific errors, 0 other tasks lost")
+    return last if not shm and with_memfd == len(last) else []
 
 
-def _alive(pid: int) -> bool:
-    import psutil
-
+def mp_crash(say: Callable[..., None], workers: int, summary: list[str]) -> None:
+    say("   the same SIGKILL on multiprocessing.Pool:")
+    mp = multiprocessing.get_context("fork").Pool(workers)
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _shared_mappings(pids: list[int]) -> tuple[set[str], int]:
-    """(files under /dev/shm that any of ``pids`` maps, how many of ``pids`` map the board's memfd)."""
-    shm: set[str] = set()
-    with_memfd = 0
-    for pid in pids:
+        t0 = time.monotonic()
         try:
-            with open(f"/proc/{pid}/maps") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            continue
-        paths = {line.split(None, 5)[5] for line in lines if len(line.split(None, 5)) == 6}
-        shm |= {p for p in paths if p.startswith("/dev/shm/")}
-        with_memfd += any(p.startswith("/memfd:fastpool") for p in paths)
-    return shm, with_memfd
+            mp.apply_async(die_by_sigkill).get(timeout=MP_CRASH_WAIT_S)
+            text = "completed?"
+        except multiprocessing.TimeoutError:
+            text = (f"no error and no result: still waiting after {time.monotonic() - t0:.1f} s "
+                    "(the pool replaced the worker and lost the task)")
+        say(f"   die_by_sigkill()    -> {text}")
+    finally:
+        mp.terminate()
+        mp.join()
 
 
-def run_demo(
-    workers: int | None = None, n_batches: int = 64, rounds: int = 3, out: TextIO = sys.stdout
-) -> int:
+def run_demo(workers: int | None = None, out: TextIO = sys.stdout) -> int:
     """Runs the whole demo, writing to ``out``.  Returns 0 if every check passed, else 1."""
     import fastpool
-    from fastpool import TaskTimeout, WorkerCrashed, _sizing
+    from fastpool import _sizing
 
     t_start = time.perf_counter()
     say = lambda text="": (out.write(text + "\n"), out.flush())  # noqa: E731
-    check = _Checks(out)
-    # The pool logs each crash at ERROR; the demo prints the same records itself.
-    quiet = logging.NullHandler()
+    check = Checks(out)
+    quiet = logging.NullHandler()  # the pool logs each crash at ERROR; the demo prints them itself
     logging.getLogger("fastpool").addHandler(quiet)
-    if workers is None:
-        workers = _sizing.default_workers()
+    logging.getLogger("fastpool").propagate = False
+    workers = workers or _sizing.default_workers()
+    summary: list[str] = []
     try:
         blas = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in BLAS_ENV_VARS)
-        say(f"fastpool {fastpool.__version__} demo: {workers} workers "
-            f"(this process may use {_sizing.usable_cpus()} CPUs); {blas}")
-
-        t0 = time.perf_counter()
-        batches = make_batches(n_batches)
-        mib = sum(b.nbytes for b in batches) / 2**20
-        say(f"data: {n_batches} batches of {ROWS} x {COLS} float64 "
-            f"({batches[0].nbytes / 2**20:.1f} MiB each, {mib:.0f} MiB in all), "
-            f"made in {time.perf_counter() - t0:.2f} s")
-        say("job:  per batch, row mean/std/min/max, each row's dominant frequency (rFFT), and the "
-            f"top {TOP_EIGENVALUES} eigenvalues of its {ROWS} x {ROWS} Gram matrix")
-
-        process_batch(batches[0])  # first call pays FFT and LAPACK set-up
-        serial_s, reference = _timed(lambda: [process_batch(b) for b in batches])
-        say(f"      in this process, one core: {serial_s:.2f} s, {serial_s / n_batches * 1e3:.1f} ms a batch")
+        say(f"fastpool {fastpool.__version__} demo: {workers} workers for both pools "
+            f"({_sizing.usable_cpus()} usable CPUs); {blas}")
+        batches = make_batches(BATCHES)
+        reference = [process_batch(b) for b in batches]
         say()
-
-        # ---- 1. throughput ----------------------------------------------------------
-        say(f"1. Throughput: map(process_batch, {n_batches} batches, chunksize=1), {workers} workers each, "
-            f"best of {rounds} rounds, rounds interleaved")
-        # multiprocessing.Pool first: its workers are forked now, while this process
-        # has no threads yet (fastpool's pool starts a supervisor and a collector).
-        mp_pool = multiprocessing.Pool(workers)
+        # multiprocessing.Pool first: it forks now, while this process runs no thread.
+        mp = multiprocessing.get_context("fork").Pool(workers)
         try:
-            # blas_threads=1: like multiprocessing.Pool's workers, whatever threadpoolctl could do
-            with fastpool.Pool(workers, blas_threads=1) as pool:
-                for p in (mp_pool, pool):  # warm: every worker imported numpy and ran once
-                    list(p.map(process_batch, batches[: 2 * workers], chunksize=1))
-                mp_best = fp_best = float("inf")
-                mp_results: list = []
-                fp_results: list = []
-                for _ in range(rounds):
-                    s, mp_results = _timed(lambda: mp_pool.map(process_batch, batches, chunksize=1))
-                    mp_best = min(mp_best, s)
-                    s, fp_results = _timed(lambda: list(pool.map(process_batch, batches, chunksize=1)))
-                    fp_best = min(fp_best, s)
+            with fastpool.Pool(workers, blas_threads=1) as fp:
+                for p in (mp.map, lambda f, xs, c: list(fp.map(f, xs, chunksize=c))):
+                    p(process_batch, batches[: 2 * workers], 1)  # every worker warm, numpy loaded
+                small_tasks(say, check, fp, mp, summary)
+                say()
+                array_job(say, check, fp, mp, workers, summary)
+                say()
+                compute_bound(say, check, fp, mp, batches, reference, summary)
+                say()
         finally:
-            mp_pool.terminate()
-            mp_pool.join()
-        for name, secs in (("multiprocessing.Pool", mp_best), ("fastpool.Pool", fp_best)):
-            say(f"   {name:<22}{secs:7.3f} s  {n_batches / secs:7.1f} batches/s  {mib / secs:7.1f} MiB/s")
-        say(f"   in-process (1 core)   {serial_s:7.3f} s  {n_batches / serial_s:7.1f} batches/s")
-        say(f"   fastpool / multiprocessing.Pool throughput: {mp_best / fp_best:.2f}x")
-        check(same_results(fp_results, mp_results) and same_results(fp_results, reference),
-              "results identical", f"fastpool == multiprocessing.Pool == in-process, bit for bit, "
-              f"{n_batches} batches")
+            mp.terminate()
+            mp.join()
+        last = supervision(say, check, workers, batches, reference, summary)
+        mp_crash(say, workers, summary)
         say()
-
-        # ---- 2. crashes --------------------------------------------------------------
-        say("2. Supervision: two tasks kill their own worker (SIGKILL, segfault) among 6 normal ones")
-        with fastpool.Pool(workers, blas_threads=1) as pool:
-            pool.submit(int).result(timeout=RESULT_WAIT_S)
-            _wait_healed(pool, 0, workers)  # every worker started, so "before" lists them all
-            pids_before = sorted(pool.pids())
-            order: list[int | Callable[[], None]] = [0, die_by_sigkill, 1, die_by_segfault, 2, 3, 4, 5]
-            futures: list[tuple[str, int | None, Future]] = []
-            for item in order:
-                if isinstance(item, int):
-                    futures.append((f"process_batch(batches[{item}])", item,
-                                    pool.submit(process_batch, batches[item])))
-                else:
-                    futures.append((f"{item.__name__}()", None, pool.submit(item)))
-            outcomes = {label: _outcome(fut) for label, _, fut in futures}
-            for label, (status, exc) in outcomes.items():
-                if status == "ok":
-                    say(f"   {label:<27} -> completed")
-                else:
-                    say(f"   {label:<27} -> {type(exc).__name__}: {exc}")
-            for label, sig in (("die_by_sigkill()", "SIGKILL"), ("die_by_segfault()", "SIGSEGV")):
-                exc = outcomes[label][1]
-                check(isinstance(exc, WorkerCrashed) and exc.signal_name == sig and sig in str(exc),
-                      f"{label} failed with WorkerCrashed naming {sig}",
-                      f"got {type(exc).__name__}" if not isinstance(exc, WorkerCrashed) else "")
-            good = [(i, fut) for _, i, fut in futures if i is not None]
-            got = [fut.result(timeout=0) for _, fut in good if fut.exception(timeout=0) is None]
-            check(len(got) == len(good) and same_results(got, [reference[i] for i, _ in good]),
-                  "the other 6 futures completed with the right results")
-            healed = _wait_healed(pool, 2, workers)
-            stats = pool.stats()
-            for rec in stats["crashes"]:
-                say(f"   crash record: slot {rec['slot']} pid {rec['pid']} {rec['cause']} "
-                    f"{rec['signal'] or rec['exitcode']} running task {rec['task_id']} {rec['function']}"
-                    f"({rec['args']}), worker age {rec['worker_age_s']:.2f} s, served {rec['tasks_served']}")
-            pids_after = sorted(pool.pids())
-            say(f"   workers before: {pids_before}, after: {pids_after}; "
-                f"restarts {stats['restarts']}, crashed {stats['crashed']}")
-            check(healed and len(stats["crashes"]) == 2 and len(pids_after) == workers,
-                  f"both dead workers replaced, {workers} ready again",
-                  f"restarts {stats['restarts']}, states {[w['state'] for w in stats['workers']]}")
-            say()
-
-            # ---- 3. timeout ----------------------------------------------------------
-            say(f"3. Per-task timeout: pool.options(timeout={TASK_TIMEOUT_S}).submit(spin)  "
-                f"(spin would burn CPU for {SPIN_LIMIT_S:g} s)")
-            t0 = time.monotonic()
-            status, exc = _outcome(pool.options(timeout=TASK_TIMEOUT_S).submit(spin, SPIN_LIMIT_S))
-            took = time.monotonic() - t0
-            say(f"   spin() -> {type(exc).__name__ if exc else 'completed'}: {exc} (after {took:.2f} s)")
-            check(isinstance(exc, TaskTimeout) and isinstance(exc, TimeoutError) and took < 5.0,
-                  "spin() failed with TaskTimeout (a TimeoutError) within 5 s")
-            healed = _wait_healed(pool, 3, workers)
-            after = pool.submit(process_batch, batches[7]).result(timeout=RESULT_WAIT_S)
-            check(healed and same_results([after], [reference[7]]),
-                  "the timed-out worker was replaced and the pool still computes correctly")
-            stats = pool.stats()
-            say("   pool.stats(): " + ", ".join(
-                f"{k} {stats[k]}" for k in ("submitted", "completed", "failed", "crashed", "restarts")))
-            say()
-
-            # ---- 4. cleanup ----------------------------------------------------------
-            say("4. Cleanup")
-            last_pids = sorted(pool.pids())
-            # The workers, not this process: multiprocessing.Pool's semaphores stay
-            # mapped here as deleted /dev/shm files.
-            shm, with_memfd = _shared_mappings(last_pids)
-            _, parent_memfd = _shared_mappings([os.getpid()])
-            check(not shm and with_memfd == len(last_pids) and parent_memfd == 1,
-                  "the board is an anonymous memfd (memfd:fastpool), mapped by this process and "
-                  "every worker; the workers map nothing from /dev/shm",
-                  f"/dev/shm files the workers map: {sorted(shm)}" if shm else "")
+        say("5. Cleanup")
+        check(bool(last), "the board and the arena are anonymous memfds: the workers map nothing "
+              "from /dev/shm")
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(_alive(p) for p in last_pids):
+        while time.monotonic() < deadline and any(alive(p) for p in last):
             time.sleep(0.02)
-        left = [p for p in last_pids if _alive(p)]
+        left = [p for p in last if alive(p)]
         check(not left, "after shutdown no worker is left running", f"still running: {left}" if left else "")
     finally:
         logging.getLogger("fastpool").removeHandler(quiet)
-
+        logging.getLogger("fastpool").propagate = True
     say()
+    say(f"Summary: fastpool.Pool against multiprocessing.Pool, {workers} workers each, measured above")
+    for line in summary:
+        say(f"   {line}")
     failed = check.failed
     total = time.perf_counter() - t_start
     if failed:
-        say(f"demo FAILED {len(failed)} of {len(check.results)} checks in {total:.1f} s: "
-            + "; ".join(failed))
+        say(f"\ndemo FAILED {len(failed)} of {len(check.results)} checks in {total:.1f} s: " + "; ".join(failed))
         return 1
-    say(f"demo passed all {len(check.results)} checks in {total:.1f} s")
+    say(f"\ndemo passed all {len(check.results)} checks in {total:.1f} s")
     return 0
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--workers", type=int, default=None,
-                   help="worker processes for both pools (default: the CPUs this process may use)")
-    p.add_argument("--batches", type=int, default=64, help="number of batches (default: 64)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="timed rounds per pool; the best one counts (default: 3)")
-
-
-def run(args, parser) -> int:
-    if args.workers is not None and args.workers < 1:
-        parser.error("--workers must be at least 1")
-    return run_demo(args.workers, args.batches, args.rounds)
