@@ -220,7 +220,8 @@ def require_matplotlib() -> None:
 
 
 def plot(results: list[Result], path: str, title: str = "") -> None:
-    """Horizontal bars: each scenario's rows as x mp.Pool on a log axis, 1 marked."""
+    """Horizontal bars from 1 (multiprocessing.Pool) to each row's ratio, on a log axis:
+    right of the line is faster, left slower. One block of bars per scenario."""
     require_matplotlib()
     import matplotlib
 
@@ -230,30 +231,36 @@ def plot(results: list[Result], path: str, title: str = "") -> None:
     ratio = ratios(results)
     groups: OrderedDict[str, list[tuple[str, float]]] = OrderedDict()
     for r in best_rows(results):
-        if (r.scenario, r.label) in ratio:
+        if (r.scenario, r.label) in ratio and r.label != REFERENCE:
             groups.setdefault(r.group, []).append((r.label, ratio[(r.scenario, r.label)]))
     labels = sorted({lab for rows in groups.values() for lab, _ in rows},
-                    key=lambda s: (s != "fastpool", s.startswith("fastpool") is False, s))
+                    key=lambda s: (not s.startswith("fastpool"), s))
     colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
-    height = 0.8 / max(1, max((len(v) for v in groups.values()), default=1))
-    fig, ax = plt.subplots(figsize=(10, max(3.0, 0.55 * sum(len(v) for v in groups.values()))))
+    n_bars = sum(len(v) for v in groups.values())
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.2 * n_bars + 0.25 * len(groups)))
     y = 0.0
-    ticks, names = [], []
-    seen: set[str] = set()
+    ticks, names, seen = [], [], set()
     for group, rows in reversed(groups.items()):
-        for i, (lab, value) in enumerate(sorted(rows)):
-            ax.barh(y + i * height, value, height=height * 0.9, color=colours[lab],
+        rows.sort(key=lambda row: labels.index(row[0]), reverse=True)
+        top = y
+        for lab, value in rows:
+            ax.barh(y, abs(value - 1.0), left=min(value, 1.0), height=0.8, color=colours[lab],
                     label=None if lab in seen else lab)
+            ax.text(max(value, 1.0) * 1.05, y, fmt_ratio(value), va="center", fontsize=6)
             seen.add(lab)
-        ticks.append(y + (len(rows) - 1) * height / 2)
+            y += 1.0
+        ticks.append((top + y - 1.0) / 2)
         names.append(group)
-        y += 1.0
+        y += 0.8  # a gap between scenarios
     ax.set_xscale("log")
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_yticks(ticks, names, fontsize=8)
-    ax.set_xlabel("x multiprocessing.Pool (its median time / this one's; right is faster)")
-    ax.set_title(title or "python -m fastpool bench")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_yticks(ticks, names, fontsize=7)
+    ax.set_ylim(-0.8, y - 0.2)
+    ax.set_xlabel("x multiprocessing.Pool: its median time over this row's (right of 1 is faster)")
+    ax.set_title(title or "python -m fastpool bench", fontsize=9)
+    handles, texts = ax.get_legend_handles_labels()
+    order = sorted(range(len(texts)), key=lambda i: labels.index(texts[i]))
+    ax.legend([handles[i] for i in order], [texts[i] for i in order], fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
