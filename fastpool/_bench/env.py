@@ -73,6 +73,24 @@ def git_commit(pkg_dir: Path | None = None) -> str | None:
     return done.stdout.strip() + (" (dirty)" if dirty.stdout.strip() else "")
 
 
+BUSY_LOAD_PER_CPU = 0.5
+
+
+def busy_warning(usable: int | None = None) -> str | None:
+    """A sentence when other programs already load the CPUs (1-minute load average over
+    half the usable CPUs), since every timing then measures them too; None otherwise."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cpus = usable or _sizing.usable_cpus()
+    if load <= BUSY_LOAD_PER_CPU * cpus:
+        return None
+    return (f"WARNING: the machine is busy before this run started (load average {load:.1f} on "
+            f"{cpus} usable CPUs): other programs compete for the cores, so the timings are noisy "
+            "and the ratios may not hold. Run again when it is quiet.")
+
+
 def environment() -> dict[str, Any]:
     """The bench footer's facts: CPUs and quota, kernel, Python, NumPy, BLAS, fastpool."""
     import fastpool
@@ -95,6 +113,7 @@ def environment() -> dict[str, Any]:
         "cpu_quota": _sizing.cpu_quota(),
         "usable_cpus": _sizing.usable_cpus(),
         "memory_bytes": _sizing.total_memory_bytes(),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "kernel": f"{platform.system()} {platform.release()}",
         "machine": platform.machine(),
     }

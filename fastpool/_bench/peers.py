@@ -22,7 +22,6 @@ import concurrent.futures
 import contextlib
 import gc
 import multiprocessing
-import os
 import subprocess
 import sys
 import threading

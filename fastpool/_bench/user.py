@@ -90,7 +90,7 @@ def same(a: Any, b: Any) -> bool:
         except TypeError:
             return bool(np.array_equal(a, b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     try:
         return bool(a == b) or (a != a and b != b)  # noqa: PLR0124 - NaN
     except Exception:  # noqa: BLE001 - an object whose == raises: say they differ
@@ -180,7 +180,7 @@ def run(target: str, args_text: str, workers: int | None = None, json_path: str 
     def measure(kind: str, pool: Any, w: int, cs: int | None) -> dict[str, Any]:
         note(f"{kind}: {w} workers, chunksize {cs or 'auto'}")
         seconds, got = _timed_map(pool, kind, fn, items, cs)
-        if not (len(got) == n and all(same(a, b) for a, b in zip(got, reference))):
+        if not (len(got) == n and all(same(a, b) for a, b in zip(got, reference, strict=True))):
             mismatches.append(f"{kind} workers={w} chunksize={cs or 'auto'}")
         row = {"how": kind, "workers": w, "chunksize": cs, "seconds": seconds}
         rows.append(row)

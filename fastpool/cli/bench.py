@@ -147,6 +147,9 @@ def _standard(args: argparse.Namespace, parser: argparse.ArgumentParser, report:
     cases = scenarios.catalog(names, quick=args.quick, only=args.only, workers=workers)
     if not cases:
         parser.error(f"--only {args.only!r} selects no scenario")
+    busy = _env.busy_warning()
+    if busy:
+        print(busy, file=sys.stderr)
     t0 = time.perf_counter()
     progress = Progress(enabled=not args.no_progress)
     try:
@@ -164,7 +167,7 @@ def _standard(args: argparse.Namespace, parser: argparse.ArgumentParser, report:
         print(f"\nnot run: {name}: {why}")
     if args.quick:
         print("\n--quick: fewer rounds, no 256 MiB rows; run without it for the full set.")
-    for line in report.unstable(results):
+    for line in report.unstable(results) + ([busy] if busy else []):
         print("\n" + line)
     failed = report.failures(results)
     for line in failed:

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import errno
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -156,8 +157,6 @@ def _limit(value: int) -> int | None:
 
 
 def _extras() -> dict[str, str | None]:
-    import importlib.util
-
     found: dict[str, str | None] = {}
     for module, (dist, _why) in EXTRAS.items():
         if importlib.util.find_spec(module) is None:
@@ -323,6 +322,10 @@ def render(facts: dict[str, Any], findings: Findings) -> str:
 
     c, b, m, t, k, lim = (facts[x] for x in ("cpus", "blas", "memory", "template", "kernel", "limits"))
     quota = f"{c['cgroup_quota']:g}" if c["cgroup_quota"] else "none"
+    env_text = (", ".join(f"{name}={v}" for name, v in b["env"].items())
+                or "no BLAS variable set: fastpool sets 1, then raises it to usable // workers")
+    oom_text = (f"readable ({m['oom_kill_counter']} so far)" if m["oom_kill_counter_readable"]
+                else "NOT readable")
     lines = [
         f"fastpool {facts['fastpool']} at {facts['location']}",
         f"  compiled core   {'present' if facts['core'] else 'MISSING (see below)'}",
@@ -334,14 +337,13 @@ def render(facts: dict[str, Any], findings: Findings) -> str:
         f"-> usable {c['usable']}; default workers {c['default_workers']}",
         "BLAS",
         f"  in this process {blas_summary(b['libraries'])}",
-        f"  in each worker  {b['threads_per_worker']} thread(s) "
-        f"({', '.join(f'{k2}={v}' for k2, v in b['env'].items()) or 'no BLAS variable set: fastpool sets 1, then raises it to usable // workers'})",
+        f"  in each worker  {b['threads_per_worker']} thread(s) ({env_text})",
         f"  {b['workers']} workers x {b['threads_per_worker']} = {b['total_threads']} threads on "
         f"{c['usable']} usable CPUs: {'oversubscribed' if b['total_threads'] > c['usable'] else 'ok'}",
         "Memory",
         f"  system {_mib(m['total_bytes'])} usable, {_mib(m['available_bytes'])} available; "
         f"cgroup limit {_mib(m['cgroup_limit_bytes'])}",
-        f"  OOM-kill counter {'readable (' + str(m['oom_kill_counter']) + ' so far)' if m['oom_kill_counter_readable'] else 'NOT readable'}; "
+        f"  OOM-kill counter {oom_text}; "
         f"system-wide OOM kills {m['system_oom_kills'] if m['system_oom_kills'] is not None else 'unknown'}",
         "Template (the process workers are forked from)",
         f"  a first pool made now would {t['now']['method']} it: {t['now']['why']}",
