@@ -177,18 +177,25 @@ def load(path: str) -> tuple[list[Result], dict[str, Any]]:
 def compare(old: list[Result], new: list[Result], old_name: str = "before",
             new_name: str = "after") -> str:
     """asv-style: each row in both runs, Before / After / Ratio (after over before; below 1
-    is faster now). ``+`` marks a row over CHANGE_FACTOR slower, ``-`` one faster."""
+    is faster now). ``+`` marks a row over CHANGE_FACTOR slower whose rounds do not overlap
+    the old ones (every new round slower than every old one), ``-`` the same faster, and
+    ``~`` a ratio beyond the factor that the spread of the rounds can explain."""
     before = {(r.scenario, r.label): r for r in best_rows(old)}
     after = {(r.scenario, r.label): r for r in best_rows(new)}
     lines = [f"Before: {old_name}", f"After:  {new_name}", "",
              "|   | Before | After | Ratio | benchmark |", "|---|---:|---:|---:|---|"]
-    worse = better = 0
+    worse = better = noisy = 0
     for key, a in after.items():
         b = before.get(key)
         if b is None:
             continue
         ratio = a.median / b.median
-        mark = "+" if ratio > CHANGE_FACTOR else "-" if ratio < 1 / CHANGE_FACTOR else " "
+        mark = " "
+        if ratio > CHANGE_FACTOR:
+            mark = "+" if min(a.rounds) > max(b.rounds) else "~"
+        elif ratio < 1 / CHANGE_FACTOR:
+            mark = "-" if max(a.rounds) < min(b.rounds) else "~"
+        noisy += mark == "~"
         worse += mark == "+"
         better += mark == "-"
         lines.append(f"| {mark} | {fmt_time(b.median)} | {fmt_time(a.median)} | {ratio:.2f} | "
@@ -201,8 +208,11 @@ def compare(old: list[Result], new: list[Result], old_name: str = "before",
         lines.append(f"SOME BENCHMARKS GOT SLOWER: {worse} row(s) marked + (ratio > {CHANGE_FACTOR}).")
     if better:
         lines.append(f"SOME BENCHMARKS GOT FASTER: {better} row(s) marked - (ratio < {1 / CHANGE_FACTOR:.2f}).")
+    if noisy:
+        lines.append(f"{noisy} row(s) marked ~ moved by more than a factor of {CHANGE_FACTOR}, but within "
+                     "the spread of their rounds: noise, not a change (run again, or without --quick).")
     if not worse and not better:
-        lines.append(f"No row changed by more than a factor of {CHANGE_FACTOR}.")
+        lines.append(f"No row changed by more than a factor of {CHANGE_FACTOR} beyond its noise.")
     return "\n".join(lines)
 
 

@@ -73,13 +73,13 @@ def test_compare_two_files_marks_a_slower_row(bench_json: tuple[Path, str], tmp_
     data = json.loads(old.read_text())
     for r in data["results"]:
         if r["peer"] == "fastpool":
-            r["rounds"] = [x * 3 for x in r["rounds"]]
+            r["rounds"] = [x * 100 for x in r["rounds"]]
     new = tmp_path / "new.json"
     new.write_text(json.dumps(data))
     done = fastpool_cli("bench", "--compare", str(old), str(new))
     assert done.returncode == 0, done.stderr
     line = next(x for x in done.stdout.splitlines() if x.endswith("/ fastpool |"))
-    assert line.startswith("| + |") and "| 3.00 |" in line
+    assert line.startswith("| + |") and "| 100.00 |" in line
     assert "SOME BENCHMARKS GOT SLOWER: 1 row(s)" in done.stdout
 
 

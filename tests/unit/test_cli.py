@@ -153,6 +153,14 @@ def test_json_round_trips_and_compare_marks_what_changed(tmp_path: Path) -> None
     assert "SOME BENCHMARKS GOT SLOWER: 1 row(s)" in text
 
 
+def test_compare_calls_a_change_within_the_rounds_spread_noise() -> None:
+    before = [_result("n", "fastpool", [1.0, 1.0, 2.0])]
+    after = [_result("n", "fastpool", [1.5, 1.5, 1.5])]   # median x1.5, inside the old rounds' range
+    text = report.compare(before, after)
+    assert any(line.startswith("| ~ |") for line in text.splitlines())
+    assert "noise, not a change" in text and "GOT SLOWER" not in text
+
+
 def test_a_file_that_is_not_a_bench_json_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "pytest-benchmark.json"
     path.write_text(json.dumps({"benchmarks": []}))
