@@ -233,8 +233,8 @@ def collect(workers: int | None, findings: Findings, threads_at_start: int) -> d
     if threads_at_start == 1 and facts["threads_after_numpy"] > 1:
         facts["template"]["after_import_numpy"] = (
             f"importing NumPy started {facts['threads_after_numpy'] - 1} BLAS thread(s), so a script "
-            "that imports numpy before its first Pool() gets a spawned template (a new interpreter: "
-            "about 100-200 ms more for the first pool). OPENBLAS_NUM_THREADS=1 (or OMP_NUM_THREADS=1) "
+            "that imports numpy before its first Pool() gets a spawned template (a new interpreter, "
+            "which makes that first pool slower than a fork). OPENBLAS_NUM_THREADS=1 (or OMP_NUM_THREADS=1) "
             "in the environment keeps it single-threaded and forkable, at the cost of the parent's "
             "own BLAS parallelism")
     facts["parent_threads"] = {"python": threading.active_count(), "os": facts["threads_after_numpy"]}
