@@ -3,12 +3,17 @@
 Public names only; see README.md for the API and the table of errors.
 """
 
+import importlib as _importlib
+
 __version__ = "0.1.0"
 
 CORE_ERROR: str | None = None  # why the compiled core did not load; None when it did
 
 try:
-    from fastpool import _arena, _core  # noqa: F401
+    # import_module, not `from fastpool import _core`, whose error for a missing file
+    # speaks of a "partially initialized module" and a circular import
+    _importlib.import_module("fastpool._core")
+    _importlib.import_module("fastpool._arena")
 except ImportError as exc:  # depends on how it was installed and where Python runs from
     from fastpool import _install
 
