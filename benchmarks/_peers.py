@@ -11,16 +11,15 @@ from __future__ import annotations
 import pytest
 
 from fastpool._bench import peers as _shared
+from fastpool._bench.memory import MemorySampler, peak_memory  # noqa: F401  (re-exported)
 from fastpool._bench.peers import (  # noqa: F401  (re-exported for the test modules)
     ABANDONED,
     DEFAULT_WORKERS,
-    MemorySampler,
     Peer,
     PeerUnavailable,
     close_peer,
     first_result_s,
     fresh_process_first_result_s,
-    peak_memory,
     reap,
     spawn_reference_s,
     worker_processes,

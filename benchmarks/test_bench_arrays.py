@@ -20,7 +20,7 @@ The calls themselves are fastpool/_bench/scenarios.py's ``array_call``, the ones
 
 ``extra_info``: ``gb_per_s`` is the array bytes crossing (in, plus out for the round
 trip) over the median time. Memory comes from a separate, untimed run of the call
-(see MemorySampler in _peers.py): ``peak_mb`` is the peak RSS of parent plus workers
+(see MemorySampler in fastpool/_bench/memory.py): ``peak_mb`` is the peak RSS of parent plus workers
 (inflated for forking peers: inherited pages count once per process), ``pss_mb`` the
 peak PSS (shared pages split, the honest total) and ``delta_mb`` what the call added
 to the PSS it started from. 256 MiB cases run few rounds: whole-suite time matters.

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastpool._bench import peers as _peers
+from fastpool._bench.memory import peak_memory
 from fastpool._bench.scenarios import IN_PROCESS, SPAWN_REFERENCE, Case
 
 
@@ -116,7 +117,7 @@ def measure(case: Case, peer: _peers.Peer) -> Result:
             result.rounds.append((time.perf_counter() - t0) / inner)
         result.extra["calls_per_round"] = inner
     if case.memory_repeat:
-        result.extra.update(_peers.peak_memory(call, case.memory_repeat))
+        result.extra.update(peak_memory(call, case.memory_repeat))
     result.extra["start_method"] = peer.start_method
     return result
 

@@ -101,7 +101,7 @@ def _timed(run: Callable[[], Any]) -> tuple[float, Any]:
 
 def _pss(run: Callable[[], Any]) -> tuple[float, Any, float]:
     """(seconds, result, MiB of PSS the call added to this process and its workers)."""
-    from fastpool._bench.peers import MemorySampler
+    from fastpool._bench.memory import MemorySampler
 
     with MemorySampler(PSS_INTERVAL_S) as sampler:
         seconds, result = _timed(run)
