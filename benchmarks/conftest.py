@@ -7,9 +7,11 @@ Run from the repository root (the repo's testpaths only name tests/):
 
 Every test runs each peer in the same session and puts them in one pytest-benchmark
 group, so report.py can print ratios (peer time / fastpool time). Nothing asserts a
-time: absolute numbers depend on the machine, ratios much less. The PEERS table and
-the adapters live in _peers.py (test modules import from it; importing conftest.py
-from a test module is not reliable); this file turns them into fixtures:
+time: absolute numbers depend on the machine, ratios much less. The PEERS table, the
+adapters and the scenarios' calls live in the package (fastpool/_bench/), shared with
+``python -m fastpool bench``; _peers.py re-exports them, turning a peer that is not
+installed into a skip (test modules import from it; importing conftest.py from a test
+module is not reliable); this file turns them into fixtures:
 
     peer           warmed adapter for each of TASK_PEERS (fastpool, mp.Pool, PPE, loky)
     array_peer     the same plus joblib (memmapping), for the array benchmarks
@@ -17,8 +19,7 @@ from a test module is not reliable); this file turns them into fixtures:
     workers        2; a test overrides it with @pytest.mark.parametrize("workers", ...)
 
 Whatever the test did, the fixture shuts the executor down and kills (with a warning)
-any worker it left behind. fastpool cases skip until ``fastpool._core`` imports, so
-the suite also runs with the peers alone.
+any worker it left behind.
 """
 
 from __future__ import annotations
@@ -29,15 +30,11 @@ import sys
 import pytest
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
-ROOT_DIR = os.path.dirname(BENCH_DIR)
-# The repo's pytest config only puts tests/ on sys.path. Spawned workers (loky, and
-# fastpool if it spawns) start from a fresh interpreter and find _tasks (and the source
-# tree's fastpool) through PYTHONPATH, which every child inherits.
+# The repo's pytest config only puts tests/ on sys.path; the test modules import
+# _peers and _tasks from here. Workers need no path: the functions they run live in
+# the installed package (fastpool/_bench/tasks.py).
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (BENCH_DIR, ROOT_DIR, os.environ.get("PYTHONPATH")) if p
-)
 
 import _peers  # noqa: E402
 import _tasks  # noqa: E402

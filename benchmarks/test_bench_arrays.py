@@ -13,10 +13,14 @@ exist, its shared-memory idioms as extra rows of the same group:
     fastpool [fill]   round trip where the worker writes into out = pool.empty(...)
                       (allocated inside the timed call), the "worker fills a shared
                       output" idiom (``fill_double``), one task, like the peers
+    in-process        the same call in this process, no pool: the compute alone
+
+The calls themselves are fastpool/_bench/scenarios.py's ``array_call``, the ones
+``python -m fastpool bench`` times.
 
 ``extra_info``: ``gb_per_s`` is the array bytes crossing (in, plus out for the round
 trip) over the median time. Memory comes from a separate, untimed run of the call
-(see MemorySampler in _peers.py): ``peak_mb`` is the peak RSS of parent plus workers
+(see MemorySampler in fastpool/_bench/memory.py): ``peak_mb`` is the peak RSS of parent plus workers
 (inflated for forking peers: inherited pages count once per process), ``pss_mb`` the
 peak PSS (shared pages split, the honest total) and ``delta_mb`` what the call added
 to the PSS it started from. 256 MiB cases run few rounds: whole-suite time matters.
@@ -24,35 +28,23 @@ to the PSS it started from. 256 MiB cases run few rounds: whole-suite time matte
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 
-import _tasks
-from _peers import median_s, peak_memory, tag
+from _peers import median_s, open_peer, peak_memory, tag
 
-SIZES_MIB = [1, 16, 256]
+from fastpool._bench.scenarios import (
+    IN_PROCESS,
+    SIZES_MIB,
+    array_call,
+    check_doubled,
+    check_total,
+    make_array,
+    one_way_group,
+    round_trip_group,
+)
+
 ROUNDS = {1: 20, 16: 8, 256: 3}
 MEMORY_REPEAT = {1: 10, 16: 2, 256: 1}  # a 1 MiB call can finish between two samples
-
-
-def _array(mib: int) -> np.ndarray:
-    return np.arange(mib * 2**20 // 8, dtype=np.float64)
-
-
-def _one_way_group(mib: int) -> str:
-    return f"arrays one way: {mib} MiB in, float out"
-
-
-def _round_trip_group(mib: int) -> str:
-    return f"arrays round trip: {mib} MiB in, {mib} MiB out"
-
-
-def _check_doubled(out, arr) -> None:
-    assert out.shape == arr.shape
-    for i in (0, 1, arr.size // 2, arr.size - 1):
-        assert out[i] == 2 * arr[i], f"element {i}: {out[i]} != 2 * {arr[i]}"
 
 
 def _measure(benchmark, call, mib, peer_name, idiom, moved_bytes, start_method):
@@ -88,81 +80,54 @@ def _require(pool, *methods: str) -> None:
         pytest.skip(f"fastpool.Pool has no {', '.join(missing)} yet")
 
 
-def _shared_copy(pool, arr: np.ndarray) -> np.ndarray:
-    src = pool.empty(arr.shape, arr.dtype)
-    src[...] = arr
-    return src
-
-
 @pytest.mark.parametrize("mib", SIZES_MIB)
 def test_one_way(benchmark, array_peer, mib):
-    benchmark.group = _one_way_group(mib)
-    arr = _array(mib)
-    expected = float(arr.sum())
-
-    def call():
-        return array_peer.submit(_tasks.total, arr).result()
-
+    benchmark.group = one_way_group(mib)
+    arr = make_array(mib)
+    call = array_call(array_peer, "one way", "", arr)
     got = _measure(benchmark, call, mib, array_peer.name, "", arr.nbytes, array_peer.start_method)
-    assert math.isclose(got, expected)
+    check_total(got, arr)
 
 
 @pytest.mark.parametrize("mib", SIZES_MIB)
 def test_round_trip(benchmark, array_peer, mib):
-    benchmark.group = _round_trip_group(mib)
-    arr = _array(mib)
-
-    def call():
-        return array_peer.submit(_tasks.double, arr).result()
-
+    benchmark.group = round_trip_group(mib)
+    arr = make_array(mib)
+    call = array_call(array_peer, "round trip", "", arr)
     out = _measure(benchmark, call, mib, array_peer.name, "", 2 * arr.nbytes, array_peer.start_method)
-    _check_doubled(out, arr)
+    check_doubled(out, arr)
+
+
+@pytest.mark.parametrize("mib", SIZES_MIB)
+@pytest.mark.parametrize("direction", ["one way", "round trip"])
+def test_compute_alone(benchmark, mib, direction):
+    """The same call in this process, no pool: what the hop costs on top of the work."""
+    benchmark.group = one_way_group(mib) if direction == "one way" else round_trip_group(mib)
+    arr = make_array(mib)
+    with open_peer(IN_PROCESS) as peer:
+        call = array_call(peer, direction, "", arr)
+        moved = arr.nbytes * (1 if direction == "one way" else 2)
+        out = _measure(benchmark, call, mib, IN_PROCESS, "", moved, peer.start_method)
+    (check_total if direction == "one way" else check_doubled)(out, arr)
 
 
 @pytest.mark.parametrize("mib", SIZES_MIB)
 @pytest.mark.parametrize("idiom", ["share", "empty"])
 def test_one_way_shared(benchmark, fastpool_peer, mib, idiom):
-    benchmark.group = _one_way_group(mib)
-    pool = fastpool_peer.pool
-    arr = _array(mib)
-    expected = float(arr.sum())
-    if idiom == "share":
-        _require(pool, "share")
-
-        def call():
-            return pool.submit(_tasks.total, pool.share(arr, readonly=True)).result()
-
-    else:
-        _require(pool, "empty")
-        src = _shared_copy(pool, arr)
-
-        def call():
-            return pool.submit(_tasks.total, src).result()
-
+    benchmark.group = one_way_group(mib)
+    _require(fastpool_peer.pool, "share", "empty")
+    arr = make_array(mib)
+    call = array_call(fastpool_peer, "one way", idiom, arr)
     got = _measure(benchmark, call, mib, "fastpool", idiom, arr.nbytes, fastpool_peer.start_method)
-    assert math.isclose(got, expected)
+    check_total(got, arr)
 
 
 @pytest.mark.parametrize("mib", SIZES_MIB)
 @pytest.mark.parametrize("idiom", ["share", "fill"])
 def test_round_trip_shared(benchmark, fastpool_peer, mib, idiom):
-    benchmark.group = _round_trip_group(mib)
-    pool = fastpool_peer.pool
-    arr = _array(mib)
-    if idiom == "share":
-        _require(pool, "share")
-
-        def call():
-            return pool.submit(_tasks.double, pool.share(arr, readonly=True)).result()
-
-    else:
-        _require(pool, "empty")
-        src = _shared_copy(pool, arr)
-
-        def call():
-            out = pool.empty(arr.shape, arr.dtype)
-            assert pool.submit(_tasks.fill_double, src, out, 0, arr.size).result() == arr.size
-            return out
-
+    benchmark.group = round_trip_group(mib)
+    _require(fastpool_peer.pool, "share", "empty")
+    arr = make_array(mib)
+    call = array_call(fastpool_peer, "round trip", idiom, arr)
     out = _measure(benchmark, call, mib, "fastpool", idiom, 2 * arr.nbytes, fastpool_peer.start_method)
-    _check_doubled(out, arr)  # for [fill]: the worker's writes are visible here, or it is no idiom
+    check_doubled(out, arr)  # for [fill]: the worker's writes are visible here, or it is no idiom

@@ -13,10 +13,9 @@ import time
 
 import pytest
 
-import _tasks
 from _peers import tag
 
-LATENCY_CALLS = 2000
+from fastpool._bench.scenarios import LATENCY_CALLS, hop_group, round_trip
 
 
 def _percentile(sorted_ns: list[int], q: float) -> float:
@@ -26,15 +25,13 @@ def _percentile(sorted_ns: list[int], q: float) -> float:
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.benchmark(max_time=0.5, min_rounds=200)
 def test_noop_round_trip(benchmark, peer, workers):
-    benchmark.group = f"hop: no-op round trip, {workers} worker{'s' if workers > 1 else ''}"
-
-    def round_trip():
-        return peer.submit(_tasks.noop).result()
+    benchmark.group = hop_group(workers)
+    call = round_trip(peer)
 
     latencies_ns = []
     for _ in range(LATENCY_CALLS):
         t0 = time.perf_counter_ns()
-        round_trip()
+        call()
         latencies_ns.append(time.perf_counter_ns() - t0)
     latencies_ns.sort()
     tag(
@@ -45,4 +42,4 @@ def test_noop_round_trip(benchmark, peer, workers):
         start_method=peer.start_method,
     )
 
-    assert benchmark(round_trip) is None
+    assert benchmark(call) is None

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import pytest
 
-import _tasks
 from _peers import TASK_PEERS, median_s, tag
 
-SUBMITS = 20_000
-MAP_ITEMS = 200_000
-CHUNKSIZES = [1000, 5000, 20000]
+from fastpool._bench.scenarios import (
+    CHUNKSIZES,
+    MAP_ITEMS,
+    SUBMITS,
+    check_map,
+    map_group,
+    map_small,
+    submit_many,
+    submits_group,
+)
+
 MAP_CASES = [
     (name, chunksize)
     for name in TASK_PEERS
@@ -24,29 +31,17 @@ MAP_CASES = [
 
 
 def test_submit_many(benchmark, peer):
-    benchmark.group = f"throughput: {SUBMITS:,} submits then wait, {peer.workers} workers"
-
-    def fan_out():
-        futures = [peer.submit(_tasks.noop) for _ in range(SUBMITS)]
-        for f in futures:
-            f.result()
-        return len(futures)
-
-    assert benchmark.pedantic(fan_out, rounds=3, iterations=1, warmup_rounds=1) == SUBMITS
+    benchmark.group = submits_group(SUBMITS, peer.workers)
+    assert benchmark.pedantic(submit_many(peer, SUBMITS), rounds=3, iterations=1, warmup_rounds=1) == SUBMITS
     median = median_s(benchmark)
     tag(benchmark, peer.name, tasks_per_s=round(SUBMITS / median) if median else None)
 
 
 @pytest.mark.parametrize("peer, chunksize", MAP_CASES, indirect=["peer"])
 def test_map_small_items(benchmark, peer, chunksize):
-    benchmark.group = f"throughput: map over {MAP_ITEMS:,} small items, {peer.workers} workers"
-    items = list(range(MAP_ITEMS))
-
-    def run_map():
-        return peer.map(_tasks.square, items, chunksize)
-
-    result = benchmark.pedantic(run_map, rounds=5, iterations=1, warmup_rounds=1)
-    assert len(result) == MAP_ITEMS and result[-1] == (MAP_ITEMS - 1) ** 2
+    benchmark.group = map_group(MAP_ITEMS, peer.workers)
+    call = map_small(peer, list(range(MAP_ITEMS)), chunksize)
+    check_map(benchmark.pedantic(call, rounds=5, iterations=1, warmup_rounds=1), MAP_ITEMS)
     median = median_s(benchmark)
     tag(
         benchmark,

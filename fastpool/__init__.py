@@ -3,63 +3,79 @@
 Public names only; see README.md for the API and the table of errors.
 """
 
+import importlib as _importlib
+
 __version__ = "0.1.0"
 
+CORE_ERROR: str | None = None  # why the compiled core did not load; None when it did
+
 try:
-    from fastpool import _core  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on how it was installed
-    raise ImportError(
-        "fastpool's compiled core (fastpool._core) is missing. Install the package with "
-        "`pip install .` (or `pip install -e .` for development) so the Cython extension is "
-        f"built; a plain source checkout on sys.path is not enough. ({exc})"
-    ) from exc
+    # import_module, not `from fastpool import _core`, whose error for a missing file
+    # speaks of a "partially initialized module" and a circular import
+    _importlib.import_module("fastpool._core")
+    _importlib.import_module("fastpool._arena")
+except ImportError as exc:  # depends on how it was installed and where Python runs from
+    from fastpool import _install
 
-from fastpool._codec import transfer
-from fastpool._template import shutdown_template
-from fastpool._call import TaskFunction, cancelled
-from fastpool.errors import (
-    BrokenPool,
-    CircuitOpen,
-    DetachedBufferError,
-    FastPoolError,
-    InitializerError,
-    PoisonTask,
-    PoolClosed,
-    QueueFull,
-    RemoteError,
-    SegmentCorrupt,
-    SerializationError,
-    SharedMemoryError,
-    TaskTimeout,
-    WorkerCrashed,
-    WorkerHung,
-    WorkerMemoryError,
-)
-from fastpool.pool import Pool, PoolOptions, task
+    CORE_ERROR = _install.core_missing_message(exc)
+    if not _install.launched_as_cli():
+        raise ImportError(CORE_ERROR) from None  # the message carries Python's own words
+    # `python -m fastpool`: the CLI prints CORE_ERROR itself (doctor lists it as a
+    # finding) instead of a traceback; nothing below can import without the core.
+    del exc
 
-__all__ = [
-    "Pool",
-    "PoolOptions",
-    "TaskFunction",
-    "task",
-    "cancelled",
-    "transfer",
-    "shutdown_template",
-    "FastPoolError",
-    "BrokenPool",
-    "WorkerCrashed",
-    "PoisonTask",
-    "WorkerHung",
-    "WorkerMemoryError",
-    "InitializerError",
-    "TaskTimeout",
-    "CircuitOpen",
-    "PoolClosed",
-    "QueueFull",
-    "SerializationError",
-    "RemoteError",
-    "DetachedBufferError",
-    "SharedMemoryError",
-    "SegmentCorrupt",
-    "__version__",
-]
+    def __getattr__(name: str) -> object:
+        if name.startswith("_"):  # submodules: `from fastpool import _sizing` must still work
+            raise AttributeError(name)
+        raise ImportError(CORE_ERROR)
+
+else:
+    from fastpool._codec import transfer
+    from fastpool._template import shutdown_template
+    from fastpool._call import TaskFunction, cancelled
+    from fastpool.errors import (
+        BrokenPool,
+        CircuitOpen,
+        DetachedBufferError,
+        FastPoolError,
+        InitializerError,
+        PoisonTask,
+        PoolClosed,
+        QueueFull,
+        RemoteError,
+        SegmentCorrupt,
+        SerializationError,
+        SharedMemoryError,
+        TaskTimeout,
+        WorkerCrashed,
+        WorkerHung,
+        WorkerMemoryError,
+    )
+    from fastpool.pool import Pool, PoolOptions, task
+
+    __all__ = [
+        "Pool",
+        "PoolOptions",
+        "TaskFunction",
+        "task",
+        "cancelled",
+        "transfer",
+        "shutdown_template",
+        "FastPoolError",
+        "BrokenPool",
+        "WorkerCrashed",
+        "PoisonTask",
+        "WorkerHung",
+        "WorkerMemoryError",
+        "InitializerError",
+        "TaskTimeout",
+        "CircuitOpen",
+        "PoolClosed",
+        "QueueFull",
+        "SerializationError",
+        "RemoteError",
+        "DetachedBufferError",
+        "SharedMemoryError",
+        "SegmentCorrupt",
+        "__version__",
+    ]

@@ -1,0 +1,276 @@
+"""Tables, JSON, comparisons and plots of runner.Results.
+
+    best_rows(results)      one row per (scenario, label): a swept setting's fastest
+    table(results)          Markdown: median, p99, throughput, x mp.Pool, geometric means
+    unstable(results)       pyperf-style warnings: rounds whose spread exceeds 10%
+    dump / load             --json: raw samples and metadata, and back
+    compare(old, new)       asv-style Before / After / Ratio per row
+    plot(results, path)     PNG of the ratios to mp.Pool (matplotlib: fastpool[plot])
+
+"x mp.Pool" is multiprocessing.Pool's median time in the same scenario over the row's:
+above 1 the row is faster. The geometric mean of a peer takes its plain rows (no
+fastpool idiom) in every scenario where multiprocessing.Pool ran too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import OrderedDict
+from typing import Any
+
+from fastpool._bench.runner import Result
+from fastpool._bench.scenarios import IN_PROCESS, SPAWN_REFERENCE
+
+REFERENCE = "mp.Pool"
+UNSTABLE_SPREAD = 0.10  # pyperf's threshold: a standard deviation over 10% of the mean
+JSON_FORMAT = "fastpool-bench/1"
+# asv marks a change beyond this factor as significant
+CHANGE_FACTOR = 1.1
+NOT_IN_GEOMEAN = (IN_PROCESS, SPAWN_REFERENCE)
+
+
+def best_rows(results: list[Result]) -> list[Result]:
+    """Good results, one per (scenario, label): the fastest variant of a swept setting."""
+    best: OrderedDict[tuple[str, str], Result] = OrderedDict()
+    for r in results:
+        if r.error or not r.rounds:
+            continue
+        key = (r.scenario, r.label)
+        if key not in best or r.median < best[key].median:
+            best[key] = r
+    return list(best.values())
+
+
+def ratios(results: list[Result]) -> dict[tuple[str, str], float]:
+    """(scenario, label) -> mp.Pool's median over the row's, where mp.Pool ran."""
+    rows = best_rows(results)
+    ref = {r.scenario: r.median for r in rows if r.label == REFERENCE}
+    return {(r.scenario, r.label): ref[r.scenario] / r.median for r in rows if r.scenario in ref}
+
+
+def geomeans(results: list[Result]) -> dict[str, tuple[float, int]]:
+    """peer -> (geometric mean of its ratios to mp.Pool, how many scenarios), plain rows only."""
+    per_peer: dict[str, list[float]] = {}
+    for (_scenario, label), ratio in ratios(results).items():
+        if "[" in label or label in NOT_IN_GEOMEAN or label == REFERENCE:
+            continue
+        per_peer.setdefault(label, []).append(ratio)
+    return {p: (math.exp(sum(map(math.log, v)) / len(v)), len(v)) for p, v in per_peer.items()}
+
+
+def fmt_time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e3), ("µs", 1e6), ("ns", 1e9)):
+        if seconds * scale >= 1 or unit == "ns":
+            value = seconds * scale
+            digits = 0 if value >= 100 else 1 if value >= 10 else 2
+            return f"{value:,.{digits}f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def fmt_ratio(ratio: float) -> str:
+    return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.1f}x"
+
+
+def fmt_spread(spread: float | None) -> str:
+    """The rounds' standard deviation as a percentage of the median; ``!`` when unstable."""
+    if spread is None:
+        return ""
+    return f"{100 * spread:.0f}%" + (" !" if spread > UNSTABLE_SPREAD else "")
+
+
+def fmt_rate(value: float, unit: str) -> str:
+    if unit == "GB/s":
+        return f"{value:.2f} GB/s" if value >= 0.1 else f"{value:.3f} GB/s"
+    return f"{value:,.0f} {unit}"
+
+
+def table(results: list[Result]) -> str:
+    """The Markdown table, scenarios in running order, rows fastest first within each."""
+    rows = best_rows(results)
+    ratio = ratios(results)
+    has_memory = any("delta_mb" in r.extra for r in rows)
+    head = ["scenario", "peer", "setting", "median", "±", "p99", "throughput", "x mp.Pool"]
+    head += ["+PSS (MB)"] if has_memory else []
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join(["---", "---", "---", "---:", "---:", "---:", "---:", "---:"]
+                            + (["---:"] if has_memory else [])) + "|"]
+    groups: OrderedDict[str, list[Result]] = OrderedDict()
+    for r in rows:
+        groups.setdefault(r.group, []).append(r)
+    for group, members in groups.items():
+        for i, r in enumerate(sorted(members, key=lambda r: r.median)):
+            p99 = r.p99
+            cells = [
+                group if i == 0 else "",
+                f"**{r.label}**" if r.peer == "fastpool" and not r.idiom else r.label,
+                "" if r.idiom else r.variant,
+                fmt_time(r.median),
+                fmt_spread(r.spread),
+                fmt_time(p99) if p99 is not None else "",
+                fmt_rate(r.ops / r.median, r.unit) if r.kind != "fresh" else "",
+                fmt_ratio(ratio[(r.scenario, r.label)]) if (r.scenario, r.label) in ratio else "",
+            ]
+            if has_memory:
+                cells.append(str(r.extra["delta_mb"]) if "delta_mb" in r.extra else "")
+            lines.append("| " + " | ".join(cells) + " |")
+    for peer, (value, n) in sorted(geomeans(results).items(), key=lambda kv: -kv[1][0]):
+        cells = ["**geometric mean**", peer, f"{n} scenarios", "", "", "", "", f"**{fmt_ratio(value)}**"]
+        lines.append("| " + " | ".join(cells + ([""] if has_memory else [])) + " |")
+    return "\n".join(lines)
+
+
+LEGEND = (
+    "median and p99: time per call (p99 over every call, for the round trips); ±: the rounds' "
+    "standard deviation over their median (! above 10%); throughput: calls, "
+    "tasks, items or array GB (in, plus out for round trips) per second of median time; x mp.Pool: "
+    "multiprocessing.Pool's median over the row's, above 1 is faster; +PSS: what one call added to "
+    "the proportional set size of the parent and its workers (shared pages split among sharers). "
+    "[share], [empty], [fill]: fastpool's shared-memory idioms; in-process: the compute alone."
+)
+
+
+def unstable(results: list[Result]) -> list[str]:
+    """pyperf-style: a warning when a shown row's rounds spread beyond UNSTABLE_SPREAD of their
+    median (the rows marked ``!`` in the ± column); empty when every figure is stable."""
+    bad = [r for r in best_rows(results) if (r.spread or 0.0) > UNSTABLE_SPREAD]
+    if not bad:
+        return []
+    worst = max(bad, key=lambda r: r.spread or 0.0)
+    return [f"WARNING: {len(bad)} of {len(best_rows(results))} figures are unstable: the standard "
+            f"deviation of their rounds exceeds {100 * UNSTABLE_SPREAD:.0f}% of the median (marked ! "
+            f"in the ± column; worst: {worst.group} / {worst.label}, {100 * (worst.spread or 0):.0f}%). "
+            "Something else is using the CPUs, or the rounds are too few: close other programs, run "
+            "again, or run without --quick; compare ratios rather than times."]
+
+
+def failures(results: list[Result]) -> list[str]:
+    return [f"{r.group} / {r.label}{f' [{r.variant}]' if r.variant and not r.idiom else ''}: "
+            f"{r.error}" for r in results if r.error]
+
+
+# ---- JSON ---------------------------------------------------------------------------------
+
+
+def dump(results: list[Result], env: dict[str, Any], meta: dict[str, Any], path: str) -> None:
+    data = {"format": JSON_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "environment": env, "metadata": meta, "results": [r.to_dict() for r in results]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+
+
+def load(path: str) -> tuple[list[Result], dict[str, Any]]:
+    """(results, the whole document) from a file ``dump`` wrote; ValueError for anything else."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
+        raise ValueError(f"{path} is not a `python -m fastpool bench --json` file "
+                         f"(no \"format\": \"{JSON_FORMAT}\")")
+    return [Result.from_dict(r) for r in data["results"]], data
+
+
+# ---- compare ------------------------------------------------------------------------------
+
+
+def compare(old: list[Result], new: list[Result], old_name: str = "before",
+            new_name: str = "after") -> str:
+    """asv-style: each row in both runs, Before / After / Ratio (after over before; below 1
+    is faster now). ``+`` marks a row over CHANGE_FACTOR slower whose rounds do not overlap
+    the old ones (every new round slower than every old one), ``-`` the same faster, and
+    ``~`` a ratio beyond the factor that the spread of the rounds can explain."""
+    before = {(r.scenario, r.label): r for r in best_rows(old)}
+    after = {(r.scenario, r.label): r for r in best_rows(new)}
+    lines = [f"Before: {old_name}", f"After:  {new_name}", "",
+             "|   | Before | After | Ratio | benchmark |", "|---|---:|---:|---:|---|"]
+    worse = better = noisy = 0
+    for key, a in after.items():
+        b = before.get(key)
+        if b is None:
+            continue
+        ratio = a.median / b.median
+        mark = " "
+        if ratio > CHANGE_FACTOR:
+            mark = "+" if min(a.rounds) > max(b.rounds) else "~"
+        elif ratio < 1 / CHANGE_FACTOR:
+            mark = "-" if max(a.rounds) < min(b.rounds) else "~"
+        noisy += mark == "~"
+        worse += mark == "+"
+        better += mark == "-"
+        lines.append(f"| {mark} | {fmt_time(b.median)} | {fmt_time(a.median)} | {ratio:.2f} | "
+                     f"{a.group} / {a.label} |")
+    only = sorted(set(before) ^ set(after))
+    lines.append("")
+    if only:
+        lines.append(f"{len(only)} row(s) in one run only: " + "; ".join(f"{s} / {lab}" for s, lab in only))
+    if worse:
+        lines.append(f"SOME BENCHMARKS GOT SLOWER: {worse} row(s) marked + (ratio > {CHANGE_FACTOR}).")
+    if better:
+        lines.append(f"SOME BENCHMARKS GOT FASTER: {better} row(s) marked - (ratio < {1 / CHANGE_FACTOR:.2f}).")
+    if noisy:
+        lines.append(f"{noisy} row(s) marked ~ moved by more than a factor of {CHANGE_FACTOR}, but within "
+                     "the spread of their rounds: noise, not a change (run again, or without --quick).")
+    if not worse and not better:
+        lines.append(f"No row changed by more than a factor of {CHANGE_FACTOR} beyond its noise.")
+    return "\n".join(lines)
+
+
+# ---- plot ---------------------------------------------------------------------------------
+
+PLOT_EXTRA = "pip install 'fastpool[plot]'"
+
+
+def require_matplotlib() -> None:
+    """Raise ImportError naming the extra when matplotlib cannot be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError(f"--plot draws with matplotlib, which is not installed: {PLOT_EXTRA}") from None
+
+
+def plot(results: list[Result], path: str, title: str = "") -> None:
+    """Horizontal bars from 1 (multiprocessing.Pool) to each row's ratio, on a log axis:
+    right of the line is faster, left slower. One block of bars per scenario."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file, not a window: works on servers and in CI
+    import matplotlib.pyplot as plt
+
+    ratio = ratios(results)
+    groups: OrderedDict[str, list[tuple[str, float]]] = OrderedDict()
+    for r in best_rows(results):
+        if (r.scenario, r.label) in ratio and r.label != REFERENCE:
+            groups.setdefault(r.group, []).append((r.label, ratio[(r.scenario, r.label)]))
+    labels = sorted({lab for rows in groups.values() for lab, _ in rows},
+                    key=lambda s: (not s.startswith("fastpool"), s))
+    colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
+    n_bars = sum(len(v) for v in groups.values())
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.2 * n_bars + 0.25 * len(groups)))
+    y = 0.0
+    ticks, names, seen = [], [], set()
+    for group, rows in reversed(groups.items()):
+        rows.sort(key=lambda row: labels.index(row[0]), reverse=True)
+        top = y
+        for lab, value in rows:
+            ax.barh(y, abs(value - 1.0), left=min(value, 1.0), height=0.8, color=colours[lab],
+                    label=None if lab in seen else lab)
+            ax.text(max(value, 1.0) * 1.05, y, fmt_ratio(value), va="center", fontsize=6)
+            seen.add(lab)
+            y += 1.0
+        ticks.append((top + y - 1.0) / 2)
+        names.append(group)
+        y += 0.8  # a gap between scenarios
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(ticks, names, fontsize=7)
+    ax.set_ylim(-0.8, y - 0.2)
+    ax.set_xlabel("x multiprocessing.Pool: its median time over this row's (right of 1 is faster)")
+    ax.set_title(title or "python -m fastpool bench", fontsize=9)
+    handles, texts = ax.get_legend_handles_labels()
+    order = sorted(range(len(texts)), key=lambda i: labels.index(texts[i]))
+    ax.legend([handles[i] for i in order], [texts[i] for i in order], fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,277 @@
+"""The standard scenarios: what each one times, on which peers, at which sizes.
+
+One catalogue for both harnesses: ``python -m fastpool bench`` runs ``catalog()``
+with its own timer (fastpool/_bench/runner.py); benchmarks/test_bench_*.py build the
+same calls with ``round_trip``, ``submit_many``, ``map_small`` and ``array_call`` and
+time them with pytest-benchmark. Group titles are shared too, so a row means the
+same thing in both reports.
+
+    hop         no-op round trip: submit one task, wait for it, repeat (1 and 2 workers)
+    submits     SUBMITS no-op tasks, each through its own submit, then wait for all
+    map         map over MAP_ITEMS small ints, each peer at each of CHUNKSIZES (best kept)
+    arrays      float64 arrays of SIZES_MIB, one way (a float back) and round trip (an
+                array as large back), by value on every peer, fastpool's shared idioms
+                ([share], [empty], [fill]) as rows of their own, and the compute alone
+                in this process
+    start       constructor to first result in a fresh interpreter that imported numpy,
+                and a plain multiprocessing spawn of a child importing numpy, for scale
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastpool._bench import tasks
+from fastpool._bench.peers import ARRAY_PEERS, TASK_PEERS, Peer
+
+SUBMITS = 20_000
+MAP_ITEMS = 200_000
+CHUNKSIZES = (1000, 5000, 20000)
+SIZES_MIB = (1, 16, 256)
+LATENCY_CALLS = 2000
+START_WORKERS = 2
+# --quick: under 30 s on two cores with every peer installed
+QUICK_SUBMITS = 1_000
+QUICK_MAP_ITEMS = 50_000
+QUICK_CHUNKSIZES = (1000, 5000)
+QUICK_SIZES_MIB = (1, 16)
+QUICK_LATENCY_CALLS = 600
+
+IN_PROCESS = "in-process"
+SPAWN_REFERENCE = "mp spawn + import numpy"
+IDIOMS = {"one way": ("share", "empty"), "round trip": ("share", "fill")}
+
+
+# ---- group titles (shared with benchmarks/report.py's tables) ---------------------------
+
+
+def hop_group(workers: int) -> str:
+    return f"hop: no-op round trip, {workers} worker{'s' if workers > 1 else ''}"
+
+
+def submits_group(n: int, workers: int) -> str:
+    return f"throughput: {n:,} submits then wait, {workers} workers"
+
+
+def map_group(n: int, workers: int) -> str:
+    return f"throughput: map over {n:,} small items, {workers} workers"
+
+
+def one_way_group(mib: int) -> str:
+    return f"arrays one way: {mib} MiB in, float out"
+
+
+def round_trip_group(mib: int) -> str:
+    return f"arrays round trip: {mib} MiB in, {mib} MiB out"
+
+
+def start_group(workers: int) -> str:
+    return f"start: construct to first result (import numpy), {workers} workers"
+
+
+# ---- the calls ----------------------------------------------------------------------------
+
+
+def round_trip(peer: Peer) -> Callable[[], None]:
+    def call() -> None:
+        return peer.submit(tasks.noop).result()
+
+    return call
+
+
+def submit_many(peer: Peer, n: int) -> Callable[[], int]:
+    def call() -> int:
+        futures = [peer.submit(tasks.noop) for _ in range(n)]
+        for f in futures:
+            f.result()
+        return len(futures)
+
+    return call
+
+
+def map_small(peer: Peer, items: list[int], chunksize: int | None) -> Callable[[], list]:
+    def call() -> list:
+        return peer.map(tasks.square, items, chunksize)
+
+    return call
+
+
+def check_map(result: list, n: int) -> None:
+    assert len(result) == n and result[-1] == (n - 1) ** 2, "map returned wrong results"
+
+
+def make_array(mib: int) -> Any:
+    import numpy as np
+
+    return np.arange(mib * 2**20 // 8, dtype=np.float64)
+
+
+def check_total(got: float, arr: Any) -> None:
+    assert math.isclose(got, float(arr.sum())), f"sum {got} != {float(arr.sum())}"
+
+
+def check_doubled(out: Any, arr: Any) -> None:
+    assert out.shape == arr.shape
+    for i in (0, 1, arr.size // 2, arr.size - 1):
+        assert out[i] == 2 * arr[i], f"element {i}: {out[i]} != 2 * {arr[i]}"
+
+
+def array_call(peer: Peer, direction: str, idiom: str, arr: Any) -> Callable[[], Any]:
+    """The timed call of one array row. ``direction`` is "one way" or "round trip";
+    ``idiom`` "" (by value, any peer) or one of fastpool's: "share" (``pool.share``
+    inside the call), "empty" (input filled into ``pool.empty`` once, outside it),
+    "fill" (the worker writes ``out = pool.empty(...)``, allocated inside it).
+    Set-up the call does not time happens here, before it is returned."""
+    fn = tasks.total if direction == "one way" else tasks.double
+    if not idiom:
+        def call() -> Any:
+            return peer.submit(fn, arr).result()
+
+        return call
+    pool = peer.pool  # type: ignore[attr-defined]  # fastpool's idioms: FastpoolPeer only
+    if idiom == "share":
+        def call() -> Any:
+            return pool.submit(fn, pool.share(arr, readonly=True)).result()
+
+        return call
+    src = pool.empty(arr.shape, arr.dtype)
+    src[...] = arr
+    if idiom == "empty":
+        def call() -> Any:
+            return pool.submit(fn, src).result()
+
+        return call
+    if idiom == "fill":
+        def call() -> Any:
+            out = pool.empty(arr.shape, arr.dtype)
+            assert pool.submit(tasks.fill_double, src, out, 0, arr.size).result() == arr.size
+            return out  # the worker's writes are visible here, or it is no idiom
+
+        return call
+    raise ValueError(f"unknown idiom {idiom!r}")
+
+
+# ---- the catalogue for the command --------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One row to measure: a peer (and setting) in a scenario."""
+
+    scenario: str                   # stable id: "hop-2w", "arrays-round-trip-16"
+    group: str                      # the table title the row appears under
+    peer: str
+    variant: str = ""               # a swept setting ("chunksize=5000") or a fastpool idiom
+    idiom: bool = False             # True: the variant is its own row; False: best one kept
+    workers: int = 2
+    kind: str = "rounds"            # "rounds" | "latency" | "fresh"
+    build: Callable[[Peer], Callable[[], Any]] | None = None
+    check: Callable[[Any], None] | None = None
+    ops: float = 1.0                # per call, for the throughput column
+    unit: str = "calls/s"           # the throughput column's unit
+    rounds: int = 5
+    warmup: int = 1
+    calls: int = 0                  # latency: calls per round
+    memory_repeat: int = 0          # > 0: also sample peak memory over this many calls
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.peer} [{self.variant}]" if self.idiom else self.peer
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Rows of one (scenario, label) are variants of the same thing; the fastest is shown."""
+        return self.scenario, self.label
+
+
+def _hop(peers: list[str], workers: int, calls: int, rounds: int) -> list[Case]:
+    return [Case(f"hop-{workers}w", hop_group(workers), p, workers=workers, kind="latency",
+                 build=round_trip, rounds=rounds, calls=calls // rounds)
+            for p in peers if p in TASK_PEERS]
+
+
+def _throughput(peers: list[str], workers: int, submits: int, items: int,
+                chunksizes: tuple[int, ...], rounds: int) -> list[Case]:
+    cases = [Case("submits", submits_group(submits, workers), p, workers=workers,
+                  build=lambda peer, n=submits: submit_many(peer, n),
+                  check=lambda got, n=submits: _expect(got, n), ops=submits, unit="tasks/s",
+                  rounds=3)
+             for p in peers if p in TASK_PEERS]
+    data = list(range(items))
+    for p in peers:
+        if p not in TASK_PEERS:
+            continue
+        for cs in ([None, *chunksizes] if p == "fastpool" else chunksizes):
+            cases.append(Case(
+                "map", map_group(items, workers), p, variant=f"chunksize={cs or 'auto'}", workers=workers,
+                build=lambda peer, cs=cs: map_small(peer, data, cs),
+                check=lambda got, n=items: check_map(got, n), ops=items, unit="items/s",
+                rounds=rounds))
+    return cases
+
+
+def _arrays(peers: list[str], workers: int, sizes: tuple[int, ...], quick: bool) -> list[Case]:
+    cases: list[Case] = []
+    rounds = {1: 10, 16: 5, 256: 3} if not quick else {1: 5, 16: 3}
+    repeat = {1: 10, 16: 2, 256: 1}  # a 1 MiB call can finish between two memory samples
+    for mib in sizes:
+        arr_box: dict[str, Any] = {}
+
+        def arr(mib: int = mib, box: dict[str, Any] = arr_box) -> Any:
+            if "arr" not in box:  # made once, when the first row of this size runs
+                box["arr"] = make_array(mib)
+            return box["arr"]
+
+        for direction, group in (("one way", one_way_group(mib)), ("round trip", round_trip_group(mib))):
+            moved = (1 if direction == "one way" else 2) * mib * 2**20 / 1e9
+            check = ((lambda got, a=arr: check_total(got, a())) if direction == "one way"
+                     else (lambda got, a=arr: check_doubled(got, a())))
+            rows = [(p, "") for p in [*peers, IN_PROCESS] if p in ARRAY_PEERS or p == IN_PROCESS]
+            if "fastpool" in peers:
+                rows += [("fastpool", idiom) for idiom in IDIOMS[direction]]
+            for p, idiom in rows:
+                cases.append(Case(
+                    f"arrays-{direction.replace(' ', '-')}-{mib}", group, p, variant=idiom,
+                    idiom=bool(idiom), workers=0 if p == IN_PROCESS else workers,
+                    build=lambda peer, d=direction, i=idiom, a=arr: array_call(peer, d, i, a()),
+                    check=check, ops=moved, unit="GB/s", rounds=rounds[mib],
+                    memory_repeat=repeat[mib], extra={"mib": mib}))
+    return cases
+
+
+def _start(peers: list[str], workers: int, runs: int) -> list[Case]:
+    group = start_group(workers)
+    cases = [Case("start", group, p, workers=workers, kind="fresh", rounds=runs, warmup=0)
+             for p in peers if p in TASK_PEERS]
+    cases.append(Case("start", group, SPAWN_REFERENCE, workers=1, kind="fresh", rounds=runs, warmup=0))
+    return cases
+
+
+def _expect(got: Any, want: Any) -> None:
+    assert got == want, f"got {got!r}, expected {want!r}"
+
+
+def catalog(peers: list[str], quick: bool = False, only: str | None = None,
+            workers: int = START_WORKERS) -> list[Case]:
+    """Every case to run for ``peers`` (names as in PEERS), in running order.
+
+    ``workers``: the pool size of every scenario but the 1-worker hop.
+    ``only``: keep the scenarios whose id contains one of its comma-separated words."""
+    peers = [p for p in peers if p != IN_PROCESS]  # it joins the array rows by itself
+    hops = sorted({1, workers})
+    if quick:
+        cases = [c for w in hops for c in _hop(peers, w, QUICK_LATENCY_CALLS, 3)]
+        cases += _throughput(peers, workers, QUICK_SUBMITS, QUICK_MAP_ITEMS, QUICK_CHUNKSIZES, 3)
+        cases += _arrays(peers, workers, QUICK_SIZES_MIB, True) + _start(peers, workers, 1)
+    else:
+        cases = [c for w in hops for c in _hop(peers, w, LATENCY_CALLS, 5)]
+        cases += _throughput(peers, workers, SUBMITS, MAP_ITEMS, CHUNKSIZES, 5)
+        cases += _arrays(peers, workers, SIZES_MIB, False) + _start(peers, workers, 3)
+    if only:
+        words = [w.strip() for w in only.split(",") if w.strip()]
+        cases = [c for c in cases if any(w in c.scenario for w in words)]
+    return cases

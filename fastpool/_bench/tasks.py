@@ -1,0 +1,67 @@
+"""Functions the benchmarks run inside workers (``python -m fastpool bench`` and benchmarks/).
+
+They live in the installed package, importable by name, so that every peer sends
+them by reference under every start method: a spawned worker (loky, forkserver)
+imports ``fastpool._bench.tasks`` like any module, with no path set-up.
+
+NumPy is imported lazily, inside the functions that need it, so that a spawned
+worker which only runs ``noop`` does not pay for the import, and ``import_numpy``
+measures what it says.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def noop(*_args, **_kwargs):
+    return None
+
+
+def identity(x):
+    return x
+
+
+def square(x):
+    return x * x
+
+
+def total(arr) -> float:
+    """One way: the array goes to the worker, a float comes back."""
+    return float(arr.sum())
+
+
+def double(arr):
+    """Round trip: the array goes to the worker, a new array as large comes back."""
+    return arr * 2
+
+
+def fill_double(src, out, lo: int, hi: int) -> int:
+    """The "worker fills a shared output" idiom: writes ``out[lo:hi] = 2 * src[lo:hi]``.
+
+    Only meaningful when ``src`` and ``out`` are views of shared memory; with a
+    pickled ``out`` the parent never sees the write.
+    """
+    import numpy as np
+
+    np.multiply(src[lo:hi], 2, out=out[lo:hi])
+    return hi - lo
+
+
+def import_numpy() -> str:
+    import numpy
+
+    return numpy.__version__
+
+
+def getpid() -> int:
+    return os.getpid()
+
+
+def warm(delay_s: float) -> int:
+    """Warm-up task: loads numpy, lingers so that other workers get a task too."""
+    import numpy  # noqa: F401  (the array benchmarks must not time this import)
+
+    time.sleep(delay_s)
+    return os.getpid()

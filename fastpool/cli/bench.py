@@ -1,0 +1,187 @@
+"""``python -m fastpool bench``: fastpool against the installed peers, or your own function.
+
+    python -m fastpool bench [--quick] [--peers mp,ppe,loky,joblib] [--json out.json]
+                             [--plot out.png] [--compare old.json]
+    python -m fastpool bench --compare old.json new.json      (no run: two files)
+    python -m fastpool bench --user my_module:my_func --args 'range(10_000)'
+
+The scenarios and the peer adapters are the package's (fastpool/_bench/), the same
+ones the developer's pytest-benchmark suite in benchmarks/ times. Progress goes to
+stderr, the report to stdout. Exit 0 when every row ran, 1 when one failed, 2 for
+bad usage (an unknown peer, --plot without matplotlib, an unreadable --compare file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from typing import Any, TextIO
+
+DEFAULT_PEERS = "mp,ppe,loky,joblib"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="fewer rounds and sizes (no 256 MiB rows): under 30 s on two cores")
+    p.add_argument("--peers", default=DEFAULT_PEERS, metavar="LIST",
+                   help=f"comma-separated peers beside fastpool: mp (multiprocessing.Pool), ppe "
+                        f"(ProcessPoolExecutor), loky, joblib; those not installed are skipped "
+                        f"(default: {DEFAULT_PEERS})")
+    p.add_argument("--workers", type=int, default=None,
+                   help="workers per pool (default: 2 for the standard scenarios, the round trip "
+                        "also with 1; with --user, tries 1 up to the usable CPUs)")
+    p.add_argument("--only", metavar="IDS",
+                   help="run only the scenarios whose id contains one of these comma-separated "
+                        "words: hop, submits, map, arrays, one-way, round-trip, start, or a size "
+                        "such as 16")
+    p.add_argument("--json", metavar="PATH", help="write raw samples and metadata to PATH")
+    p.add_argument("--plot", metavar="PATH",
+                   help="write a PNG of the ratios to multiprocessing.Pool (needs fastpool[plot])")
+    p.add_argument("--compare", nargs="+", metavar="JSON",
+                   help="OLD: run, then print Before/After/Ratio against OLD; OLD NEW: compare "
+                        "two --json files without running")
+    p.add_argument("--user", metavar="MODULE:FUNC",
+                   help="time your own function on fastpool, multiprocessing.Pool and serially, "
+                        "and suggest a worker count and chunk size")
+    p.add_argument("--args", dest="user_args", metavar="EXPR",
+                   help="with --user: the inputs, one call each: a Python expression "
+                        "(numpy as np) such as 'range(1000)', or MODULE:NAME of a list or of a "
+                        "function returning one")
+    p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+
+
+class Progress:
+    """What is running, on stderr: a redrawn bar on a terminal, a line per step elsewhere."""
+
+    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self.tty = enabled and stream.isatty()
+        self.t0 = time.perf_counter()
+        self._last = ""
+
+    def __call__(self, i: int, n: int, case: Any) -> None:
+        if not self.enabled:
+            return
+        what = f"{case.group} · {case.label}" + (f" {case.variant}" if case.variant and not case.idiom else "")
+        elapsed = time.perf_counter() - self.t0
+        if self.tty:
+            width = 24
+            filled = int(width * i / max(1, n))
+            line = f"\r[{'#' * filled}{'.' * (width - filled)}] {i + 1}/{n} {elapsed:5.1f}s  {what}"
+            self.stream.write(line[:160].ljust(len(self._last)))
+            self._last = line[:160]
+        else:
+            self.stream.write(f"[{i + 1}/{n} {elapsed:5.1f}s] {what}\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self._last:
+            self.stream.write("\r" + " " * len(self._last) + "\r")
+            self.stream.flush()
+
+
+def _peer_list(text: str) -> tuple[list[str], list[str]]:
+    """(peer names to run, fastpool first; unknown keys)."""
+    from fastpool._bench.peers import KEYS
+
+    keys = [k.strip().lower() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in KEYS]
+    names = ["fastpool"] + [KEYS[k] for k in keys if k in KEYS and KEYS[k] != "fastpool"]
+    return list(dict.fromkeys(names)), unknown
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from fastpool._bench import report
+
+    if args.workers is not None and args.workers < 1:
+        parser.error("--workers must be at least 1")
+    if args.plot:
+        try:
+            report.require_matplotlib()
+        except ImportError as exc:
+            print(f"python -m fastpool bench: {exc}", file=sys.stderr)
+            return 2
+    if args.compare and len(args.compare) > 2:
+        parser.error("--compare takes OLD.json, or OLD.json NEW.json")
+    old = None
+    if args.compare:
+        try:
+            old = [report.load(path)[0] for path in args.compare]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"python -m fastpool bench --compare: cannot read {exc}", file=sys.stderr)
+            return 2
+        if len(old) == 2:  # two files: compare them, run nothing
+            print(report.compare(old[0], old[1], args.compare[0], args.compare[1]))
+            if args.plot:
+                report.plot(old[1], args.plot, f"python -m fastpool bench: {args.compare[1]}")
+                print(f"\nplot written to {args.plot}")
+            return 0
+    if args.user:
+        if not args.user_args:
+            parser.error("--user needs --args: the inputs, e.g. --args 'range(1000)'")
+        from fastpool._bench import user
+
+        return user.run(args.user, args.user_args, workers=args.workers, json_path=args.json,
+                        progress=not args.no_progress)
+    return _standard(args, parser, report, old[0] if old else None)
+
+
+def _standard(args: argparse.Namespace, parser: argparse.ArgumentParser, report: Any,
+              old: list | None) -> int:
+    from fastpool._bench import env as _env
+    from fastpool._bench import peers as _peers
+    from fastpool._bench import runner, scenarios
+
+    names, unknown = _peer_list(args.peers)
+    if unknown:
+        parser.error(f"unknown peer(s) {', '.join(unknown)}: choose from mp, ppe, loky, joblib")
+    skipped = {n: why for n in names if (why := _peers.available(n))}
+    if "fastpool" in skipped:
+        print(f"python -m fastpool bench: {skipped['fastpool']}", file=sys.stderr)
+        return 1
+    names = [n for n in names if n not in skipped]
+    workers = args.workers or scenarios.START_WORKERS
+    cases = scenarios.catalog(names, quick=args.quick, only=args.only, workers=workers)
+    if not cases:
+        parser.error(f"--only {args.only!r} selects no scenario")
+    busy = _env.busy_warning()
+    if busy:
+        print(busy, file=sys.stderr)
+    t0 = time.perf_counter()
+    progress = Progress(enabled=not args.no_progress)
+    try:
+        results = runner.run(cases, progress)
+    finally:
+        progress.done()
+    took = time.perf_counter() - t0
+    env = _env.environment()
+    mode = "--quick" if args.quick else "full"
+    print(f"## python -m fastpool bench ({mode}, {workers} workers, {took:.0f} s)\n")
+    print(report.table(results))
+    print()
+    print(report.LEGEND)
+    for name, why in skipped.items():
+        print(f"\nnot run: {name}: {why}")
+    if args.quick:
+        print("\n--quick: fewer rounds, no 256 MiB rows; run without it for the full set.")
+    for line in report.unstable(results) + ([busy] if busy else []):
+        print("\n" + line)
+    failed = report.failures(results)
+    for line in failed:
+        print(f"\nFAILED: {line}")
+    print("\n" + _env.footer(env))
+    meta = {"argv": shlex.join(sys.argv), "quick": args.quick, "workers": workers,
+            "peers": names, "skipped": skipped, "seconds": round(took, 1)}
+    if args.json:
+        report.dump(results, env, meta, args.json)
+        print(f"\nraw samples written to {args.json}")
+    if args.plot:
+        report.plot(results, args.plot, f"python -m fastpool bench ({mode}), fastpool {env['fastpool']}")
+        print(f"plot written to {args.plot}")
+    if old is not None:
+        print()
+        print(report.compare(old, results, args.compare[0], "this run"))
+    return 1 if failed else 0
