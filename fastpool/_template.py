@@ -75,6 +75,28 @@ def _recv(sock: socket.socket) -> tuple[Any, list[int]]:
 # ---- parent side -------------------------------------------------------------------
 
 
+FORCED_FORK = "FASTPOOL_TEMPLATE_START=fork"
+
+
+def start_plan() -> tuple[str, str]:
+    """("fork" or "spawn", why): how the template would start if this process made
+    its first pool now.  A planned fork is still checked at the fork itself (see
+    _forksafe.fork_checked) and falls back to spawn."""
+    method = os.environ.get("FASTPOOL_TEMPLATE_START", "")
+    if method == "fork" and threading.active_count() == 1:
+        return "fork", FORCED_FORK
+    if method == "spawn":
+        return "spawn", "FASTPOOL_TEMPLATE_START=spawn"
+    rss = _forksafe.rss_bytes()
+    if rss >= FORK_MAX_RSS_BYTES:
+        return "spawn", (f"the process is {rss >> 20} MiB resident, over {FORK_MAX_RSS_BYTES >> 20} MiB: "
+                         "a forked template would keep all of it alive")
+    if not _forksafe.fork_candidate():
+        return "spawn", ("other threads run in this process (beyond idle OpenBLAS workers): forking "
+                         "with them running is unsafe")
+    return "fork", f"no thread but idle OpenBLAS workers, and {rss >> 20} MiB resident"
+
+
 class Template:
     """The parent's handle on its template process.  Thread-safe."""
 
@@ -89,13 +111,10 @@ class Template:
         return self._proc.pid if self._proc else None
 
     def _start(self) -> None:
-        method = os.environ.get("FASTPOOL_TEMPLATE_START", "")
-        if method == "fork" and threading.active_count() == 1:
+        method, why = start_plan()
+        if method == "fork" and why == FORCED_FORK:
             self._start_forked(checked=False)  # the user's choice, even beside native threads
-        elif (method != "spawn" and _forksafe.rss_bytes() < FORK_MAX_RSS_BYTES
-                and _forksafe.fork_candidate() and self._start_forked(checked=True)):
-            pass
-        else:
+        elif not (method == "fork" and self._start_forked(checked=True)):
             self._start_spawned()
 
     def _start_forked(self, checked: bool) -> bool:

@@ -79,9 +79,9 @@ class Findings:
 
 
 def _threads_now() -> int:
-    from fastpool import _template
+    from fastpool import _forksafe
 
-    return _template._os_threads()
+    return _forksafe.os_threads()
 
 
 def kernel_features() -> dict[str, str]:
@@ -115,31 +115,12 @@ def kernel_features() -> dict[str, str]:
     return out
 
 
-def template_plan(threads: int) -> dict[str, Any]:
-    """How the template would start if this process made its first pool now, and why.
-
-    Mirrors fastpool/_template.py Template._start (fork only alone and small); uses
-    ``_template.start_plan()`` instead where that exists."""
+def template_plan() -> dict[str, Any]:
+    """How the template would start if this process made its first pool now, and why."""
     from fastpool import _template
 
-    plan = getattr(_template, "start_plan", None)
-    if plan is not None:
-        method, why = plan()
-        return {"method": method, "why": why}
-    forced = os.environ.get("FASTPOOL_TEMPLATE_START", "")
-    rss = _template._rss_bytes()
-    limit = _template.FORK_MAX_RSS_BYTES
-    if forced == "fork" and threading.active_count() == 1:
-        return {"method": "fork", "why": "FASTPOOL_TEMPLATE_START=fork"}
-    if forced == "spawn":
-        return {"method": "spawn", "why": "FASTPOOL_TEMPLATE_START=spawn"}
-    if threads != 1:
-        return {"method": "spawn", "why": f"the process runs {threads} threads (native ones count): "
-                                           "forking with threads is unsafe"}
-    if rss >= limit:
-        return {"method": "spawn", "why": f"the process is {rss >> 20} MiB resident, over "
-                                           f"{limit >> 20} MiB: a forked template would pin it"}
-    return {"method": "fork", "why": f"one thread and {rss >> 20} MiB resident"}
+    method, why = _template.start_plan()
+    return {"method": method, "why": why}
 
 
 def _user_processes() -> int | None:
@@ -228,15 +209,14 @@ def collect(workers: int | None, findings: Findings, threads_at_start: int) -> d
                          "a worker killed by the kernel's OOM killer is reported as WorkerCrashed "
                          "(SIGKILL), not WorkerMemoryError; set Pool(memory_limit=...) so fastpool "
                          "kills it first and says so")
-    facts["template"] = {"now": template_plan(facts["threads_after_numpy"]),
+    facts["template"] = {"now": template_plan(),
                          "FASTPOOL_TEMPLATE_START": os.environ.get("FASTPOOL_TEMPLATE_START")}
-    if threads_at_start == 1 and facts["threads_after_numpy"] > 1:
+    if facts["template"]["now"]["method"] == "spawn" and threads_at_start == 1 and facts["threads_after_numpy"] > 1:
         facts["template"]["after_import_numpy"] = (
-            f"importing NumPy started {facts['threads_after_numpy'] - 1} BLAS thread(s), so a script "
-            "that imports numpy before its first Pool() gets a spawned template (a new interpreter, "
-            "which makes that first pool slower than a fork). OPENBLAS_NUM_THREADS=1 (or OMP_NUM_THREADS=1) "
-            "in the environment keeps it single-threaded and forkable, at the cost of the parent's "
-            "own BLAS parallelism")
+            f"importing NumPy started {facts['threads_after_numpy'] - 1} thread(s) that are not idle "
+            "OpenBLAS workers, so a script that imports numpy before its first Pool() gets a spawned "
+            "template (a new interpreter: a slower first pool). OMP_NUM_THREADS=1 in the environment "
+            "keeps the process forkable, at the cost of the parent's own BLAS parallelism")
     facts["parent_threads"] = {"python": threading.active_count(), "os": facts["threads_after_numpy"]}
     facts["kernel"] = kernel_features()
     for feature, state in facts["kernel"].items():

@@ -224,19 +224,20 @@ def test_results_compare_arrays_and_nans() -> None:
 
 def test_doctor_predicts_spawn_for_a_threaded_process_and_honours_the_switch(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from fastpool import _template
+    from fastpool import _forksafe
 
-    if hasattr(_template, "start_plan"):
-        pytest.skip("_template.start_plan() answers for itself")
     monkeypatch.delenv("FASTPOOL_TEMPLATE_START", raising=False)
-    monkeypatch.setattr(_template, "_rss_bytes", lambda: 50 << 20)
-    assert doctor.template_plan(1)["method"] == "fork"
-    plan = doctor.template_plan(3)
-    assert plan["method"] == "spawn" and "3 threads" in plan["why"]
-    monkeypatch.setattr(_template, "_rss_bytes", lambda: 1 << 30)
-    assert "1024 MiB resident" in doctor.template_plan(1)["why"]
+    monkeypatch.setattr(_forksafe, "rss_bytes", lambda: 50 << 20)
+    monkeypatch.setattr(_forksafe, "fork_candidate", lambda: True)
+    assert doctor.template_plan()["method"] == "fork"
+    monkeypatch.setattr(_forksafe, "fork_candidate", lambda: False)
+    plan = doctor.template_plan()
+    assert plan["method"] == "spawn" and "other threads" in plan["why"]
+    monkeypatch.setattr(_forksafe, "fork_candidate", lambda: True)
+    monkeypatch.setattr(_forksafe, "rss_bytes", lambda: 1 << 30)
+    assert "1024 MiB resident" in doctor.template_plan()["why"]
     monkeypatch.setenv("FASTPOOL_TEMPLATE_START", "spawn")
-    assert doctor.template_plan(1) == {"method": "spawn", "why": "FASTPOOL_TEMPLATE_START=spawn"}
+    assert doctor.template_plan() == {"method": "spawn", "why": "FASTPOOL_TEMPLATE_START=spawn"}
 
 
 @pytest.mark.linux
