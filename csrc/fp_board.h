@@ -298,15 +298,13 @@ static inline int fp_boardv_parent_has_work(const fp_boardv_t *v)
  * board's eventcount until timeout_ns.  Returns 1 if there is work. */
 static inline int fp_boardv_wait_results(const fp_boardv_t *v, int64_t timeout_ns, int64_t spin_ns)
 {
-    int64_t start = fp_now_ns();
-    int64_t now = start;
-    unsigned spins = 0;
-    while (now - start < spin_ns) {
+    fp_spin_t sp;
+    fp_spin_init(&sp);
+    int64_t start = sp.start;
+    while (sp.now - start < spin_ns) {
         if (fp_boardv_parent_has_work(v))
             return 1;
-        fp_cpu_relax();
-        if ((++spins & 63u) == 0)
-            now = fp_now_ns();
+        fp_spin_step(&sp);
     }
     fp_event_t *done = &v->b->done;
     uint32_t key = fp_event_prepare(done);

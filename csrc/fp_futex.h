@@ -16,6 +16,8 @@
 #include "fp_atomic.h"
 #include "fp_status.h"
 
+#include <sched.h>
+
 #ifdef __linux__
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -64,6 +66,34 @@ static inline int fp_futex_wake(fp_a32 *word, int n)
     (void)word; (void)n;
     return FP_OK;
 #endif
+}
+
+/* A spinning waiter.  Every 64 steps it reads the clock, and every
+ * FP_SPIN_YIELD_NS it yields the CPU: on an oversubscribed machine (more
+ * runnable threads than cores) the thread it waits for may need this very
+ * core, and would otherwise wait for the scheduler's next tick. */
+#define FP_SPIN_YIELD_NS 10000
+typedef struct {
+    int64_t start, now, last_yield;
+    unsigned steps;
+} fp_spin_t;
+
+static inline void fp_spin_init(fp_spin_t *s)
+{
+    s->start = s->now = s->last_yield = fp_now_ns();
+    s->steps = 0;
+}
+
+static inline void fp_spin_step(fp_spin_t *s)
+{
+    fp_cpu_relax();
+    if ((++s->steps & 63u) == 0) {
+        s->now = fp_now_ns();
+        if (s->now - s->last_yield >= FP_SPIN_YIELD_NS) {
+            sched_yield();
+            s->last_yield = s->now;
+        }
+    }
 }
 
 typedef struct {

@@ -290,15 +290,13 @@ static inline void fp_ringv_release(fp_ringv_t *v, uint64_t next)
  * something to read. */
 static inline int fp_ringv_wait_data(fp_ringv_t *v, fp_a32 *stop, int64_t timeout_ns, int64_t spin_ns)
 {
-    int64_t start = fp_now_ns();
-    int64_t now = start;
-    unsigned spins = 0;
-    while (now - start < spin_ns) {
+    fp_spin_t sp;
+    fp_spin_init(&sp);
+    int64_t start = sp.start;
+    while (sp.now - start < spin_ns) {
         if (!fp_ringv_empty(v) || (stop && fp_load32_acquire(stop)))
             return 1;
-        fp_cpu_relax();
-        if ((++spins & 63u) == 0)
-            now = fp_now_ns();
+        fp_spin_step(&sp);
     }
     fp_event_t *ev = &v->hdr->data;
     uint32_t key = fp_event_prepare(ev);
