@@ -1,0 +1,71 @@
+"""Waiting for an event with a deadline: what a test does instead of sleeping.
+
+A sleep guesses how long something takes and is wrong both ways: too short on a
+loaded machine (a flaky failure), too long everywhere else (a slow suite).  A test
+waits for the thing itself -- a file the task writes, a state in ``stats()``, a
+process gone -- and fails, naming what it waited for, only when a deadline far
+beyond any plausible delay passes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+import psutil
+
+T = TypeVar("T")
+
+DEADLINE_S = 30.0
+POLL_S = 0.005
+
+
+def wait_for(
+    predicate: Callable[[], T], timeout: float = DEADLINE_S, what: str | Callable[[], str] = "a condition"
+) -> T:
+    """Call ``predicate`` until it returns something truthy, and return that.
+
+    Fails the test with AssertionError naming ``what`` (a string, or a callable
+    called only then, to report state such as ``pool.stats()``) once ``timeout``
+    seconds pass.  The predicate runs once more at the deadline, so a slow
+    machine that gets there just in time still passes.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            value = predicate()
+            if value:
+                return value
+            detail = what() if callable(what) else what
+            raise AssertionError(f"gave up after {timeout:g} s waiting for {detail}")
+        time.sleep(POLL_S)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process: a zombie has exited and counts as gone."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids: "list[int] | set[int]", timeout: float = DEADLINE_S) -> None:
+    """Wait until none of ``pids`` is running (see ``running``)."""
+    wait_for(lambda: not any(running(p) for p in pids), timeout,
+             lambda: f"processes to exit: {sorted(p for p in pids if running(p))} still running")
+
+
+def wait_workers_ready(pool, n: int | None = None, timeout: float = DEADLINE_S) -> list[int]:
+    """Wait until ``n`` (default: all) of ``pool``'s workers are started and idle-or-busy
+    ("ready" with a pid); returns their pids.  Before that, the dispatcher may queue
+    every task on the workers that happen to be up."""
+    want = pool.workers if n is None else n
+
+    def ready() -> list[int]:
+        pids = [w["pid"] for w in pool.stats()["workers"] if w["state"] == "ready" and w["pid"]]
+        return pids if len(pids) == want else []
+
+    return wait_for(ready, timeout, lambda: f"{want} ready workers: {pool.stats()['workers']}")
