@@ -82,6 +82,7 @@ __all__ = [
     "system_oom_kill_count",
     "OomEvidence",
     "judge_sigkill",
+    "oom_baseline",
     "MemorySample",
     "WorkerMemory",
     "leaked",
@@ -240,6 +241,21 @@ def system_oom_kill_count(root: _sizing.StrPath = "/") -> int | None:
     Weaker evidence than the cgroup counter: another process's kill raises it too.
     """
     return _field(Path(root) / "proc" / "vmstat", "oom_kill")
+
+
+def oom_baseline(before: int | None, previous: int | None, count: int | None) -> int | None:
+    """The OOM-kill count a later SIGKILL is judged against, given a new reading made while the worker lived.
+
+    ``before`` is the baseline so far, ``previous`` the reading one tick earlier,
+    ``count`` this tick's. A reading replaces the baseline only when it repeats
+    the previous one (or when there is no baseline yet): the kernel bumps the
+    counter as it sends the SIGKILL, and the victim can stay alive a while
+    longer freeing its memory, so one reading may already count the worker's
+    own kill, which would then read as "the counter stayed" after its death.
+    """
+    if count is not None and (before is None or count == previous):
+        return count
+    return before
 
 
 def _mib(n: int | None) -> str:

@@ -20,6 +20,7 @@ from fastpool._memory import (
     judge_sigkill,
     leaked,
     limit_hit_count,
+    oom_baseline,
     oom_kill_count,
     owned_bytes,
     parse_status,
@@ -280,6 +281,27 @@ def test_without_counters_low_rss_leaves_the_sender_unknown() -> None:
 def test_without_a_limit_the_explanation_says_so() -> None:
     _, why = judge_sigkill(0, 1, None, None, sent_by_pool=False)
     assert "last owned memory (RSS less shared) ?" in why and "no memory limit" in why
+
+
+def test_a_counter_reading_taken_while_the_worker_dies_does_not_become_the_baseline() -> None:
+    # ticks read 0, 0, then 1: the kernel counted its kill of this worker, which has
+    # not exited yet. The baseline stays 0, so the death reads as 0 -> 1, an OOM kill.
+    before = previous = None
+    for count in (0, 0, 1):
+        before, previous = oom_baseline(before, previous, count), count
+    assert before == 0
+    assert judge_sigkill(before, 1, 290 * MiB, 300 * MiB, sent_by_pool=False)[0] is True
+
+
+def test_a_counter_that_rose_and_held_while_the_worker_lived_is_the_new_baseline() -> None:
+    # another process in the cgroup was OOM-killed; this worker lived on
+    before = previous = None
+    for count in (0, 1, 1):
+        before, previous = oom_baseline(before, previous, count), count
+    assert before == 1
+    assert oom_baseline(None, None, 4) == 4  # the first reading is the baseline
+    assert oom_baseline(None, None, None) is None
+    assert oom_baseline(2, None, None) == 2  # an unreadable counter keeps what was known
 
 
 @pytest.mark.parametrize("tree", ["v2", "v1"])
