@@ -74,10 +74,13 @@ def _busy(pool, tmp_path: Path, seconds: float = 30):
     return fut
 
 
-def _wait_exit(pid: int) -> None:
-    """Block until ``pid`` (not our child: the template forked it) has exited."""
+def _kill_and_wait(pid: int) -> None:
+    """SIGKILL ``pid`` and return once it has exited. Not our child (the template
+    forked it), so through a pidfd, opened before the kill: after it the template
+    may reap the pid at once."""
     fd = os.pidfd_open(pid)
     try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
         assert select.select([fd], [], [], 30)[0], f"worker {pid} did not die"
     finally:
         os.close(fd)
@@ -149,8 +152,7 @@ def test_the_oom_verdict_follows_the_cgroup_counter(monitor, monkeypatch, tmp_pa
         pid = p.pids()[0]
         with monitor.hold:  # no counter read until the worker is dead and the counter final
             (cg / "memory.events").write_text(EVENTS.format(kills_after))
-            os.kill(pid, signal.SIGKILL)
-            _wait_exit(pid)
+            _kill_and_wait(pid)
         with pytest.raises(WorkerCrashed) as info:
             fut.result(timeout=30)
         rec = p.stats()["crashes"][-1]
@@ -203,7 +205,7 @@ def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor):
             (child / "cgroup.procs").write_text(str(pid))
             # the monitor follows the worker into its new cgroup and reads its counter
             reads = len(monitor.counter_reads)
-            wait_for(lambda: sum(child in c.values() for c in monitor.counter_reads[reads:]) >= 2,
+            wait_for(lambda: sum(child in c.values() for c in monitor.counter_reads[reads:]) >= 3,
                      what=f"the monitor to read the counter of {child}")
             fut = p.submit(_faulty.allocate_mib, 600)  # 3x the cgroup's limit
             with pytest.raises(WorkerMemoryError) as info:
