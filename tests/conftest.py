@@ -140,6 +140,25 @@ def _helpers_pids() -> set[int]:
     return pids  # type: ignore[return-value]
 
 
+def _helpers_fds() -> set[int]:
+    """fds of the long-lived helpers: the template's control socket.  A test that
+    kills or stops the template makes the next pool open a new one, which lives
+    as long as the template does, like the one it replaced."""
+    ctl = getattr(_template.template(), "_ctl", None)
+    try:
+        return {ctl.fileno()} if ctl is not None else set()
+    except OSError:  # closed meanwhile
+        return set()
+
+
+def _fds_but_helpers() -> dict[int, str]:
+    """This process's fds less the helpers' at this moment: a template replaced
+    during the test swaps one for another, while the replaced one, if it were still
+    open, counts as leaked."""
+    helpers = _helpers_fds()
+    return {fd: target for fd, target in _fds().items() if fd not in helpers}
+
+
 @pytest.fixture(scope="session")
 def _helpers_running() -> None:
     """Starts the long-lived helpers before any baseline is taken, so the first
@@ -247,7 +266,7 @@ def _leak_check(request: pytest.FixtureRequest) -> Iterator[None]:
     gc.collect()
     procs0 = _descendants()
     shm0 = _shm()
-    fds0 = _fds()
+    fds0 = _fds_but_helpers()
     yield
 
     # Whatever the test started, at any depth: fastpool workers (replacements
@@ -257,7 +276,7 @@ def _leak_check(request: pytest.FixtureRequest) -> Iterator[None]:
     while True:
         gc.collect()  # executors dropped by the test release their queues and pipes
         procs = _alive(_descendants() - procs0 - _helpers_pids())
-        new_fds = _new_fds(fds0, _fds())
+        new_fds = _new_fds(fds0, _fds_but_helpers())
         shm = _shm() - shm0
         if shm:
             shm -= _foreign_shm(shm)
