@@ -51,7 +51,7 @@ class Slot:
 
     __slots__ = ("id", "state", "pid", "pidfd", "breaker", "spawned_at", "kill", "req", "cur_seen",
                  "cur_since", "hb_seen", "hb_since", "init_error", "mem", "cg", "cg_text", "oom_before",
-                 "baseline", "via", "retiring", "start_deadline")
+                 "oom_last", "baseline", "via", "retiring", "start_deadline", "kill_pending")
 
     def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
         self.id = sid
@@ -71,10 +71,12 @@ class Slot:
         self.cg: dict | None = None
         self.cg_text: str | None = None
         self.oom_before: int | None = None
+        self.oom_last: int | None = None
         self.baseline: int | None = None
         self.via: Any = None  # the template connection that forked this slot's worker
         self.retiring = False
         self.start_deadline = 0.0
+        self.kill_pending = False  # a SIGKILL decided before the worker's pidfd arrived
 
     @property
     def live(self) -> bool:
@@ -130,9 +132,10 @@ class Supervisor:
         slot.spawned_at = now
         slot.start_deadline = now + self.settings["start_timeout"]
         slot.kill = None
+        slot.kill_pending = False
         slot.pid = None
         slot.cur_seen, slot.hb_seen = 0, -1
-        slot.mem, slot.cg, slot.oom_before, slot.baseline, slot.cg_text = None, None, None, None, None
+        slot.mem, slot.cg, slot.oom_before, slot.oom_last, slot.baseline, slot.cg_text = (None,) * 6
         slot.retiring = False
         slot.req = next(_reqs)  # unique across slots and pools: the reply is matched by it
         msg, fds = ("spawn", slot.req, slot.id, {}), [self.board.fileno(), self.arena.fileno()]
@@ -337,6 +340,7 @@ class Supervisor:
         """SIGKILLs the slot's worker; reason says why (the death is judged by it)."""
         slot.kill = reason
         self.disp.slot_stopping(slot.id)
+        slot.kill_pending = slot.pidfd is None
         if slot.pidfd is not None:
             try:
                 signal.pidfd_send_signal(slot.pidfd, signal.SIGKILL)
@@ -415,6 +419,9 @@ class Supervisor:
                         slot.pidfd = pidfd
                         if pidfd is not None:
                             self.sel.register(pidfd, selectors.EVENT_READ, ("pidfd", slot.id))
+                            if slot.kill_pending and slot.kill is not None:
+                                # decided before its pid arrived (it went READY first): carry it out
+                                self.kill(slot, slot.kill)
                         break
                 else:
                     if pidfd is not None:
@@ -548,9 +555,12 @@ class Supervisor:
             if where != slot.cg_text or slot.cg is None:  # resolving the paths costs ~100 us
                 slot.cg_text = where
                 slot.cg = _memory.cgroup_of(pid)
+                slot.oom_before = slot.oom_last = None  # another cgroup: another counter
             count = _memory.oom_kill_count(slot.cg)
             if slot.pidfd is not None and not select_read(slot.pidfd, 0):
-                slot.oom_before = count
+                # a reading may already count this worker's own kill: see oom_baseline
+                slot.oom_before = _memory.oom_baseline(slot.oom_before, slot.oom_last, count)
+                slot.oom_last = count
             if limit and sample.rss_bytes > limit:
                 cur = self.board.current(slot.id) if slot.state == "ready" else 0
                 with self.lock:

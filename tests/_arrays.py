@@ -75,3 +75,10 @@ def stored_sum() -> float:
 
 def stored_info() -> dict:
     return info(_DATA[0])
+
+
+def stored_info_once_all_met(directory: str, n: int) -> tuple[int, dict]:
+    """(pid, stored_info()) once ``n`` workers run this at the same time (_tasks.meet)."""
+    import _tasks
+
+    return _tasks.meet(directory, n), stored_info()

@@ -75,6 +75,29 @@ def gate(path: str, value: Any = None, limit_s: float = 30.0) -> tuple[Any, floa
     return value, time.monotonic()
 
 
+def meet(directory: str, n: int, limit_s: float = 30.0) -> int:
+    """A barrier across workers: registers this process in ``directory`` and holds
+    it until ``n`` distinct processes have registered; returns this pid.
+
+    ``n`` tasks that all call this can only finish on ``n`` different workers, so
+    a test that needs every worker to run something waits for that, not for luck
+    in the dispatcher.  Fails after ``limit_s`` so a broken test strands nobody."""
+    open(os.path.join(directory, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + limit_s
+    while len(os.listdir(directory)) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {os.listdir(directory)} of {n} workers met in {directory}")
+        time.sleep(0.005)
+    return os.getpid()
+
+
+def touch_then_sleep(path: str, value: Any, s: float) -> Any:
+    """Creates ``path`` (the test's sign that the task is running), then sleeps ``s``."""
+    open(path, "w").close()
+    time.sleep(s)
+    return value
+
+
 # ---- results and exceptions that cannot cross back ---------------------------------
 
 

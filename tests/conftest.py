@@ -2,13 +2,20 @@
 
 The leak check wraps every test under tests/integration and tests/faults: after the
 test (and after the pool fixtures' teardown, which runs first), no process it started
-may still be alive 5 s later, no new /dev/shm entry may remain, and this process
-holds exactly as many open fds as before.
+may still be alive 5 s later, no new /dev/shm entry may remain, and this process holds
+no fd it did not hold before: compared by what each fd points at (its /proc/self/fd
+link), so an fd closed and another one opened in its place is still a leak.
+
+The session makes itself a child subreaper (Linux), so that a process orphaned by a
+test (a worker whose template was killed) is re-parented here rather than to init and
+is still counted among this process's descendants.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import ctypes
 import gc
 import multiprocessing
 import multiprocessing.forkserver
@@ -16,6 +23,7 @@ import multiprocessing.resource_tracker
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +39,18 @@ from fastpool import _template
 LEAK_GRACE_S = 5.0  # the brief: a worker may take this long to go after shutdown
 SHUTDOWN_LIMIT_S = 30.0
 _CHECKED_DIRS = ("integration", "faults")
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Become a child subreaper before any test starts a process (see the module docstring).
+
+    Orphans re-parented here are never waited for: they stay as zombies until the
+    session ends, which the checks below count as gone."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 # ---- pools -------------------------------------------------------------------------
@@ -120,6 +140,25 @@ def _helpers_pids() -> set[int]:
     return pids  # type: ignore[return-value]
 
 
+def _helpers_fds() -> set[int]:
+    """fds of the long-lived helpers: the template's control socket.  A test that
+    kills or stops the template makes the next pool open a new one, which lives
+    as long as the template does, like the one it replaced."""
+    ctl = getattr(_template.template(), "_ctl", None)
+    try:
+        return {ctl.fileno()} if ctl is not None else set()
+    except OSError:  # closed meanwhile
+        return set()
+
+
+def _fds_but_helpers() -> dict[int, str]:
+    """This process's fds less the helpers' at this moment: a template replaced
+    during the test swaps one for another, while the replaced one, if it were still
+    open, counts as leaked."""
+    helpers = _helpers_fds()
+    return {fd: target for fd, target in _fds().items() if fd not in helpers}
+
+
 @pytest.fixture(scope="session")
 def _helpers_running() -> None:
     """Starts the long-lived helpers before any baseline is taken, so the first
@@ -161,6 +200,23 @@ def _fds() -> dict[int, str]:
             out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             pass  # the fd listdir itself used, closed by now
+    return out
+
+
+def _new_fds(before: dict[int, str], after: dict[int, str]) -> dict[int, str]:
+    """The fds in ``after`` that ``before`` does not account for, compared by target.
+
+    Targets are counted, not just collected: pidfds, epolls and eventfds all read
+    ``anon_inode:[...]``, so one more of them is a leak too.  A pipe or memfd that
+    did not exist before is a leak even if some other fd closed meanwhile and the
+    total stayed the same."""
+    extra = collections.Counter(after.values()) - collections.Counter(before.values())
+    changed = [fd for fd in after if before.get(fd) != after[fd]]
+    out = {}
+    for fd in changed + [fd for fd in after if fd not in changed]:  # blame changed fds first
+        if extra[after[fd]] > 0:
+            extra[after[fd]] -= 1
+            out[fd] = after[fd]
     return out
 
 
@@ -210,7 +266,7 @@ def _leak_check(request: pytest.FixtureRequest) -> Iterator[None]:
     gc.collect()
     procs0 = _descendants()
     shm0 = _shm()
-    fds0 = _fds()
+    fds0 = _fds_but_helpers()
     yield
 
     # Whatever the test started, at any depth: fastpool workers (replacements
@@ -220,15 +276,14 @@ def _leak_check(request: pytest.FixtureRequest) -> Iterator[None]:
     while True:
         gc.collect()  # executors dropped by the test release their queues and pipes
         procs = _alive(_descendants() - procs0 - _helpers_pids())
-        fds = _fds()
-        new_fds = {fd: target for fd, target in fds.items() if fd not in fds0 or fds0[fd] != target}
+        new_fds = _new_fds(fds0, _fds_but_helpers())
         shm = _shm() - shm0
         if shm:
             shm -= _foreign_shm(shm)
         # Zero tolerance: every fd a pool opens (board memfd, template socket,
         # wake pipe, epoll, pidfds) is closed by shutdown, and the helpers' fds
         # were opened before the baseline.
-        if not procs and len(fds) <= len(fds0) and not shm:
+        if not procs and not new_fds and not shm:
             return
         if time.monotonic() >= deadline:
             break
@@ -237,8 +292,8 @@ def _leak_check(request: pytest.FixtureRequest) -> Iterator[None]:
     if procs:
         problems.append(f"processes still alive {LEAK_GRACE_S:g} s after shutdown: "
                         + ", ".join(_describe(p) for p in sorted(procs)))
-    if len(fds) > len(fds0):
-        problems.append(f"open fds {len(fds0)} -> {len(fds)}; new: {new_fds}")
+    if new_fds:
+        problems.append(f"fds opened and not closed: {new_fds}")
     if shm:
         problems.append(f"new /dev/shm entries: {sorted(shm)}")
     pytest.fail("leak after the test: " + "; ".join(problems))

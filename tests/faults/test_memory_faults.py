@@ -1,18 +1,89 @@
-"""Memory: limits enforced by fastpool, real kernel OOM kills confirmed from evidence,
-recycling that loses nothing, and dispatch paused under memory pressure."""
+"""Memory: limits enforced by fastpool on what a worker owns, kernel OOM kills confirmed
+from evidence (a real cgroup where root allows, a fake counter everywhere), recycling that
+loses nothing, and dispatch paused under memory pressure.
+
+The pool samples memory on its supervisor thread, one tick every ``memory_interval_s``.
+Tests that need "the pool has looked since X" count ticks through ``monitor`` (a spy on
+``_memory``, which the supervisor calls) instead of sleeping.
+"""
 
 import os
+import select
 import signal
-import time
+import threading
 from pathlib import Path
 
 import pytest
 
+import _arrays
 import _faulty
+import _tasks
 import fastpool
+from _waiting import wait_for
 from fastpool import WorkerCrashed, WorkerMemoryError, _memory
 
 pytestmark = pytest.mark.faults
+
+MiB = 2**20
+
+
+class Monitor:
+    """What the pool's memory ticks did: samples taken and OOM counters read.
+
+    ``hold`` (a lock every counter read takes) lets a test freeze the reads while it
+    changes a fake counter and kills a worker, so the order is certain."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.counter_reads: list[dict] = []
+        self.hold = threading.Lock()
+
+    def wait_ticks(self, n: int = 3) -> None:
+        """Wait until ``n`` more samples are taken. With n = 3 a whole tick (sample,
+        cgroup counter, limit and leak checks) ran after the call: ticks run one after
+        another on one thread, and the first one counted may have begun before it."""
+        start = self.samples
+        wait_for(lambda: self.samples >= start + n, what=f"{n} memory ticks")
+
+
+@pytest.fixture
+def monitor(monkeypatch: pytest.MonkeyPatch) -> Monitor:
+    m = Monitor()
+    real_sample, real_count = _memory.WorkerMemory.sample, _memory.oom_kill_count
+
+    def sample(self, now):
+        out = real_sample(self, now)
+        m.samples += 1
+        return out
+
+    def count(cg):
+        with m.hold:
+            m.counter_reads.append(cg)
+            return real_count(cg)
+
+    monkeypatch.setattr(_memory.WorkerMemory, "sample", sample)
+    monkeypatch.setattr(_memory, "oom_kill_count", count)
+    return m
+
+
+def _busy(pool, tmp_path: Path, seconds: float = 30):
+    """A task that is surely running when this returns (it wrote its marker)."""
+    started = tmp_path / "started"
+    fut = pool.submit(_tasks.touch_then_sleep, str(started), 1, seconds)
+    wait_for(started.exists, what="the task to start")
+    return fut
+
+
+def _kill_and_wait(pid: int) -> None:
+    """SIGKILL ``pid`` and return once it has exited. Not our child (the template
+    forked it), so through a pidfd, opened before the kill: after it the template
+    may reap the pid at once."""
+    fd = os.pidfd_open(pid)
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        assert select.select([fd], [], [], 30)[0], f"worker {pid} did not die"
+    finally:
+        os.close(fd)
 
 
 def test_task_over_memory_limit_is_killed_reported_and_replaced():
@@ -29,19 +100,71 @@ def test_task_over_memory_limit_is_killed_reported_and_replaced():
         assert rec["cause"] == "memory"
 
 
-def test_external_sigkill_is_not_reported_as_oom():
+def test_a_worker_reading_a_shared_array_over_its_limit_is_not_killed_but_allocating_is():
+    limit = 300 * MiB
+    with fastpool.Pool(1, memory_limit=limit, memory_interval_s=0.02, backoff_base_s=0.01) as p:
+        shared = p.zeros(600 * MiB // 8)  # in the arena: shared memory, twice the limit
+        shared[:] = 1.0
+        assert p.submit(_arrays.total, shared).result(timeout=60) == shared.size
+        pid = p.pids()[0]
+        mem = _memory.read_memory(pid)  # the pages the worker summed stay mapped in it
+        assert mem is not None and mem.shmem_bytes is not None and mem.shmem_bytes > 550 * MiB
+        assert mem.rss_bytes > limit  # plain RSS would have killed it
+        wait_for(lambda: p.stats()["workers"][0]["rss_bytes"], what="a memory sample")
+        assert p.submit(_arrays.total, shared).result(timeout=60) == shared.size  # again, sampled
+        assert p.pids() == [pid] and p.stats()["crashed"] == 0
+        assert p.stats()["workers"][0]["rss_bytes"] < limit  # the owned figure the limit compares
+
+        with pytest.raises(WorkerMemoryError) as info:  # private memory still counts
+            p.submit(_faulty.allocate_mib, 600).result(timeout=60)
+        assert info.value.reason == "memory-limit" and info.value.pid == pid
+        assert p.submit(_faulty.double, 4).result(timeout=30) == 8
+
+
+def test_external_sigkill_is_not_reported_as_oom(monitor, tmp_path):
     with fastpool.Pool(1, backoff_base_s=0.01, memory_interval_s=0.02) as p:
-        fut = p.submit(_faulty.sleep_then, 1, 30)
-        end = time.monotonic() + 10
-        while time.monotonic() < end and not p.stats()["workers"][0]["current_task"]:
-            time.sleep(0.01)
-        time.sleep(0.1)  # let the monitor read the cgroup counter while the worker lives
+        fut = _busy(p, tmp_path)
+        monitor.wait_ticks()  # the cgroup counter was read while the worker lives
         os.kill(p.pids()[0], signal.SIGKILL)
         with pytest.raises(WorkerCrashed) as info:
             fut.result(timeout=30)
         assert not isinstance(info.value, WorkerMemoryError)
         rec = p.stats()["crashes"][-1]
         assert rec["cause"] == "died" and "not the OOM killer" in rec["evidence"]
+
+
+EVENTS = "low 0\nhigh 0\nmax 0\noom 0\noom_kill {}\noom_group_kill 0\n"
+
+
+@pytest.mark.parametrize("kills_after, cause", [(1, "oom-killer"), (0, "died")])
+def test_the_oom_verdict_follows_the_cgroup_counter(monitor, monkeypatch, tmp_path, kills_after, cause):
+    # Runs everywhere, root or not: the worker's cgroup is a directory holding the
+    # two files the kernel would, and the test plays the kernel: it raises
+    # memory.events' oom_kill (or not) and sends the SIGKILL.
+    cg = tmp_path / "cgroup"
+    cg.mkdir()
+    (cg / "memory.events").write_text(EVENTS.format(0))
+    (cg / "memory.max").write_text(f"{300 * MiB}\n")
+    monkeypatch.setattr(_memory, "cgroup_of", lambda pid="self", root="/": {"v2": cg, "v1_memory": None})
+    with fastpool.Pool(1, backoff_base_s=0.01, memory_interval_s=0.02) as p:
+        fut = _busy(p, tmp_path)
+        monitor.wait_ticks()  # "before" = 0, read while the worker lived
+        pid = p.pids()[0]
+        with monitor.hold:  # no counter read until the worker is dead and the counter final
+            (cg / "memory.events").write_text(EVENTS.format(kills_after))
+            _kill_and_wait(pid)
+        with pytest.raises(WorkerCrashed) as info:
+            fut.result(timeout=30)
+        rec = p.stats()["crashes"][-1]
+        assert rec["cause"] == cause
+        if kills_after:
+            assert isinstance(info.value, WorkerMemoryError) and info.value.reason == "oom-killer"
+            assert info.value.limit_bytes == 300 * MiB  # the worker's cgroup limit, not the pool's
+            assert "counter rose from 0 to 1" in rec["evidence"]
+        else:
+            assert not isinstance(info.value, WorkerMemoryError)
+            assert "stayed at 0" in rec["evidence"] and "not the OOM killer" in rec["evidence"]
+        assert p.submit(_faulty.double, 2).result(timeout=30) == 4
 
 
 def _my_memory_cgroup() -> tuple[Path | None, bool]:
@@ -57,7 +180,7 @@ def _my_memory_cgroup() -> tuple[Path | None, bool]:
 
 @pytest.mark.linux
 @pytest.mark.slow
-def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter():
+def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor):
     if os.geteuid() != 0:
         pytest.skip("needs root to create a memory cgroup")
     parent, v2 = _my_memory_cgroup()
@@ -80,7 +203,10 @@ def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter():
             assert p.submit(_faulty.double, 1).result(timeout=30) == 2
             pid = p.pids()[0]
             (child / "cgroup.procs").write_text(str(pid))
-            time.sleep(0.3)  # the monitor follows the worker into its new cgroup
+            # the monitor follows the worker into its new cgroup and reads its counter
+            reads = len(monitor.counter_reads)
+            wait_for(lambda: sum(child in c.values() for c in monitor.counter_reads[reads:]) >= 3,
+                     what=f"the monitor to read the counter of {child}")
             fut = p.submit(_faulty.allocate_mib, 600)  # 3x the cgroup's limit
             with pytest.raises(WorkerMemoryError) as info:
                 fut.result(timeout=60)
@@ -91,12 +217,16 @@ def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter():
             assert rec["cause"] == "oom-killer" and "counter rose" in rec["evidence"]
             assert p.submit(_faulty.double, 2).result(timeout=30) == 4
     finally:
-        for _ in range(100):
+        def removed() -> bool:
             try:
-                child.rmdir()
-                break
+                child.rmdir()  # EBUSY until the killed worker has left the cgroup
+            except FileNotFoundError:
+                return True
             except OSError:
-                time.sleep(0.05)
+                return False
+            return True
+
+        wait_for(removed, 5, f"{child} to empty so it can be removed")
 
 
 def test_recycling_by_task_count_loses_and_repeats_nothing():
@@ -112,30 +242,25 @@ def test_recycling_by_task_count_loses_and_repeats_nothing():
         assert p.stats()["crashed"] == 0
 
 
-def test_recycling_by_leak_threshold_between_tasks():
+def test_recycling_by_leak_threshold_between_tasks(monitor):
     with fastpool.Pool(1, leak_threshold="100MiB", memory_interval_s=0.02) as p:
         first = p.submit(_faulty.leak_mib, 1).result(timeout=30)
-        time.sleep(0.2)  # baseline taken after the first task
+        monitor.wait_ticks()  # the baseline is taken after the first task
         leaker = p.submit(_faulty.leak_mib, 200).result(timeout=30)
         assert leaker == first
-        end = time.monotonic() + 20
-        while time.monotonic() < end and p.stats()["recycled"] < 1:
-            time.sleep(0.02)
+        wait_for(lambda: p.stats()["recycled"] >= 1, 20, "the leaking worker to be recycled")
         assert p.stats()["recycled"] == 1 and p.stats()["crashed"] == 0
         assert p.submit(_faulty.pid).result(timeout=30) != first
 
 
-def test_dispatch_pauses_under_memory_pressure_and_resumes():
+def test_dispatch_pauses_under_memory_pressure_and_resumes(monitor):
     with fastpool.Pool(1, min_available_memory="1GiB", memory_interval_s=0.02) as p:
         assert p.submit(_faulty.double, 1).result(timeout=30) == 2
         p._settings["available_memory"] = lambda: 100 * 2**20  # simulated: 100 MiB left
-        end = time.monotonic() + 10
-        while time.monotonic() < end and not p.stats()["dispatch_paused"]:
-            time.sleep(0.01)
-        assert p.stats()["dispatch_paused"]
+        wait_for(lambda: p.stats()["dispatch_paused"], 10, "dispatch to pause")
         fut = p.submit(_faulty.double, 21)
-        time.sleep(0.3)
-        assert not fut.done()  # held back, not lost
+        monitor.wait_ticks()  # the pool looked again, and still holds it
+        assert not fut.done() and p.stats()["queued"] == 1  # held back, not lost
         p._settings["available_memory"] = lambda: 8 * 2**30
         assert fut.result(timeout=30) == 42
         assert not p.stats()["dispatch_paused"] and p.stats()["paused"] == 1
@@ -149,9 +274,8 @@ def test_workers_auto_respects_the_memory_budget():
         assert p.workers == 1
 
 
-def test_stats_report_current_and_peak_rss():
+def test_stats_report_current_and_peak_memory():
     with fastpool.Pool(1, memory_interval_s=0.02) as p:
         p.submit(_faulty.double, 1).result(timeout=30)
-        time.sleep(0.2)
-        w = p.stats()["workers"][0]
+        w = wait_for(lambda: (w := p.stats()["workers"][0])["rss_bytes"] and w, what="a memory sample")
         assert w["rss_bytes"] > 10 * 2**20 and w["peak_rss_bytes"] >= w["rss_bytes"]

@@ -9,25 +9,32 @@ import numpy as np
 import pytest
 
 import _faulty
+import _tasks
 import fastpool
+from _waiting import wait_for
 from fastpool import _template
 
 pytestmark = pytest.mark.faults
 
 
-def test_shutdown_wait_from_a_done_callback_does_not_deadlock():
+def test_shutdown_wait_from_a_done_callback_does_not_deadlock(tmp_path):
     fds = len(os.listdir("/proc/self/fd"))
+    gate = tmp_path / "open"
     p = fastpool.Pool(1)
-    f = p.submit(_faulty.sleep_then, 1, 0.2)
+    f = p.submit(_tasks.gate, str(gate), 1)  # not done before the callback is added
     done = threading.Event()
-    f.add_done_callback(lambda fut: (p.shutdown(wait=True), done.set()))
-    assert f.result(timeout=30) == 1
+    threads: list = []
+    f.add_done_callback(lambda fut: (threads.append(threading.current_thread()), p.shutdown(wait=True),
+                                     done.set()))
+    gate.touch()
+    # Waiting on the event, not in f.result(): a thread inside result() drives the
+    # pool itself and would run the callback, and the claim is about the pool's thread.
     assert done.wait(30)  # the callback returned instead of waiting on its own thread
+    assert threads != [threading.main_thread()]
+    assert f.result(timeout=0)[0] == 1
     p.shutdown(wait=True)
-    end = time.monotonic() + 10
-    while time.monotonic() < end and len(os.listdir("/proc/self/fd")) != fds:
-        time.sleep(0.05)
-    assert len(os.listdir("/proc/self/fd")) == fds  # the collector finished the teardown
+    wait_for(lambda: len(os.listdir("/proc/self/fd")) == fds, 10,
+             "the collector to finish the teardown and close its fds")
 
 
 def test_timeouts_in_a_row_do_not_open_the_breaker():
@@ -54,11 +61,12 @@ def test_result_too_big_for_the_arena_is_a_shared_memory_error():
         assert p.submit(_faulty.double, 1).result(timeout=30) == 2
 
 
-def test_workers_of_a_killed_template_are_reported_at_once():
+def test_workers_of_a_killed_template_are_reported_at_once(tmp_path):
+    started = tmp_path / "started"
     with fastpool.Pool(2, backoff_base_s=0.01) as p:
         assert p.submit(_faulty.double, 1).result(timeout=30) == 2
-        busy = p.submit(_faulty.sleep_then, 1, 30)
-        time.sleep(0.3)
+        busy = p.submit(_tasks.touch_then_sleep, str(started), 1, 30)
+        wait_for(started.exists, what="the task to start")
         t0 = time.monotonic()
         os.kill(_template.template().pid, signal.SIGKILL)  # both workers die with it
         with pytest.raises(fastpool.WorkerCrashed) as info:

@@ -3,12 +3,13 @@
 import os
 import signal
 import threading
-import time
 
 import pytest
 
 import _faulty
+import _tasks
 import fastpool
+from _waiting import running, wait_for
 from fastpool import WorkerCrashed, _template
 
 pytestmark = pytest.mark.faults
@@ -26,22 +27,28 @@ def test_pool_created_in_a_thread_that_exits_keeps_working():
     t.join()
     p = box["pool"]
     try:
-        time.sleep(0.3)  # a template tied to the dead thread would be gone by now
+        tpid = _template.template().pid
+        # PR_SET_PDEATHSIG fires when the creating *thread* exits, and the kernel sends
+        # it before the thread leaves /proc/self/task: once it has left, a template
+        # tied to it has been sent its SIGKILL.
+        wait_for(lambda: str(t.native_id) not in os.listdir("/proc/self/task"),
+                 what="the creating thread to exit")
         assert p.submit(_faulty.double, 5).result(timeout=30) == 10
+        assert _template.template().pid == tpid and running(tpid)
         assert p.stats()["crashed"] == 0
     finally:
         p.shutdown()
 
 
-def test_killed_template_is_replaced_and_the_pool_goes_on():
+def test_killed_template_is_replaced_and_the_pool_goes_on(tmp_path):
     with fastpool.Pool(2, backoff_base_s=0.01) as p:
         assert p.submit(_faulty.double, 1).result(timeout=30) == 2
-        running = p.submit(_faulty.sleep_then, 1, 30)
-        time.sleep(0.2)
+        busy = p.submit(_tasks.touch_then_sleep, str(tmp_path / "started"), 1, 30)
+        wait_for((tmp_path / "started").exists, what="the task to start")
         old = _template.template().pid
         os.kill(old, signal.SIGKILL)  # its workers die with it
         with pytest.raises(WorkerCrashed):
-            running.result(timeout=30)
+            busy.result(timeout=30)
         assert [p.submit(_faulty.double, i).result(timeout=30) for i in range(4)] == [0, 2, 4, 6]
         assert _template.template().pid not in (None, old)
 

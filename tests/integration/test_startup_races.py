@@ -4,14 +4,15 @@
     template --("pid", req, pid) + pidfd----> supervisor thread (socket)
 
 On a loaded machine either may come first.  These tests hold the pid message back
-in this process (patching ``_template._recv``, which only the parent's supervisor
-calls; the workers are forked by the template, a separate process) so each
-ordering is certain instead of left to the scheduler.
+in this process until they release it (patching ``_template._recv``, which only the
+parent's supervisor calls; the workers are forked by the template, a separate
+process), so each ordering is certain instead of left to the scheduler.
 """
 
 from __future__ import annotations
 
-import time
+import threading
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -23,21 +24,41 @@ from fastpool import _template
 from fastpool import _supervisor
 
 RESULT_S = 30
-PID_DELAY_S = 0.3
+
+
+class HeldPid:
+    """The supervisor's read of each ("pid", ...) message, held until ``release()``.
+
+    ``held`` is set once the supervisor holds one; ``delivered`` once it has been
+    handed on.  After ``release()`` every later message passes straight through."""
+
+    def __init__(self) -> None:
+        self.held = threading.Event()
+        self.released = threading.Event()
+        self.delivered = threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
 
 
 @pytest.fixture
-def late_pid(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The supervisor reads each ("pid", ...) message PID_DELAY_S late."""
+def held_pid(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldPid]:
+    gate = HeldPid()
     real_recv = _template._recv
 
     def recv(sock: Any) -> Any:
         msg, fds = real_recv(sock)
         if msg and msg[0] == "pid":
-            time.sleep(PID_DELAY_S)
+            gate.held.set()
+            gate.released.wait(RESULT_S)  # bounded: a failing test never strands the supervisor
+            gate.delivered.set()
         return msg, fds
 
     monkeypatch.setattr(_template, "_recv", recv)
+    try:
+        yield gate
+    finally:
+        gate.release()
 
 
 @pytest.fixture
@@ -55,32 +76,50 @@ def kills(monkeypatch: pytest.MonkeyPatch) -> Iterator[list]:
     yield seen
 
 
-def test_a_worker_ready_before_its_pid_is_known_still_gets_work(late_pid: None) -> None:
+def test_a_worker_ready_before_its_pid_is_known_still_gets_work(held_pid: HeldPid) -> None:
     with make_pool(1) as pool:
-        assert pool.submit(_tasks.add, 1, 2).result(timeout=RESULT_S) == 3
+        try:
+            assert held_pid.held.wait(RESULT_S)
+            # served while the supervisor still holds the pid message
+            assert pool.submit(_tasks.add, 1, 2).result(timeout=RESULT_S) == 3
+            assert not held_pid.delivered.is_set()
+        finally:
+            held_pid.release()
 
 
 @pytest.mark.faults
-def test_the_death_of_a_worker_ready_before_its_pid_is_known_is_still_noticed(late_pid: None) -> None:
+def test_the_death_of_a_worker_ready_before_its_pid_is_known_is_still_noticed(held_pid: HeldPid) -> None:
     # Crash detection waits on the worker's pidfd, which arrives with the pid
     # message; a slot that went ready first must still get it, or a crash there
     # leaves its task's future unsettled for ever.
     with make_pool(1) as pool:
-        assert pool.submit(_tasks.add, 1, 2).result(timeout=RESULT_S) == 3
-        time.sleep(2 * PID_DELAY_S)  # the pid message has been read by now
+        try:
+            assert held_pid.held.wait(RESULT_S)
+            assert pool.submit(_tasks.add, 1, 2).result(timeout=RESULT_S) == 3  # ready, pid unknown
+        finally:
+            held_pid.release()
+        assert held_pid.delivered.wait(RESULT_S)  # now the pid message reaches the supervisor
         doomed = pool.submit(_tasks.sigkill_self)
         with pytest.raises(fastpool.WorkerCrashed):
             doomed.result(timeout=RESULT_S)
         assert pool.submit(_tasks.add, 2, 2).result(timeout=RESULT_S) == 4  # replaced
 
 
-def test_shutdown_stops_a_worker_whose_pid_arrives_during_shutdown(late_pid: None, kills: list) -> None:
-    # Shut down while the worker is still starting (its initializer sleeps) and
-    # while the supervisor is still reading its pid message: the worker must get
-    # a stop request like the others, not a SIGKILL after STOP_GRACE_S (which
-    # loses what it had not flushed, and made fresh pools in this suite take
-    # exactly 2.0 s to shut down).
-    with make_pool(1, initializer=_tasks.sleep_then, initargs=(None, 0.5)) as pool:
-        time.sleep(0.05)  # the worker is forked; the supervisor holds its pid message
+def test_shutdown_stops_a_worker_whose_pid_arrives_during_shutdown(
+    held_pid: HeldPid, kills: list, tmp_path: Path
+) -> None:
+    # Shut down while the worker is still starting (its initializer waits on a gate)
+    # and while the supervisor holds its pid message: the worker must get a stop
+    # request like the others, not a SIGKILL after STOP_GRACE_S (which loses what
+    # it had not flushed, and made fresh pools in this suite take exactly 2.0 s to
+    # shut down).
+    gate = tmp_path / "init-may-return"
+    with make_pool(1, initializer=_tasks.gate, initargs=(str(gate),)) as pool:
+        try:
+            assert held_pid.held.wait(RESULT_S)  # forked, still in its initializer
+            pool.shutdown(wait=False)
+        finally:
+            held_pid.release()  # the pid arrives during shutdown
+            gate.touch()
         pool.shutdown(wait=True)
     assert kills == []

@@ -14,6 +14,7 @@ import pytest
 
 import _arrays
 import fastpool
+from _waiting import wait_workers_ready
 from conftest import make_pool
 from fastpool import _codec
 
@@ -53,8 +54,8 @@ def test_a_plain_large_array_goes_through_shared_memory_both_ways(pool):
     out = pool.submit(_arrays.double, arr).result(timeout=RESULT_S)
     assert np.array_equal(out, arr * 2)
     assert _codec._block_of(out) is not None  # the result arrived as a shared block, not bytes
-    del out
-    assert pool._arena.usage()["live_blocks"] == 0 or True  # blocks of settled calls are released
+    del out  # the last reference to the result's block: the block goes back to the arena
+    assert pool._arena.usage()["live_blocks"] == 0  # and so did the copy of arr the call used
 
 
 def test_blocks_of_settled_calls_are_released(pool):
@@ -89,7 +90,7 @@ def _layouts(pool):
                                   "fortran", "column"])
 def test_views_and_layouts_arrive_as_the_same_memory(pool, case):
     arr = _layouts(pool)[case]
-    got = pool.info if False else pool.submit(_arrays.info, arr).result(timeout=RESULT_S)
+    got = pool.submit(_arrays.info, arr).result(timeout=RESULT_S)
     assert got["shared"], "a view of a shared array must not be copied"
     assert got["shape"] == arr.shape and got["strides"] == arr.strides and got["dtype"] == arr.dtype.str
     back = pool.submit(_arrays.echo, arr).result(timeout=RESULT_S)
@@ -199,12 +200,16 @@ def test_transfer_refuses_what_is_not_shared(pool, bad):
         fastpool.transfer(bad)
 
 
-def test_shared_initargs_reach_every_worker_by_descriptor():
+def test_shared_initargs_reach_every_worker_by_descriptor(tmp_path):
     data = np.arange(4 << 20, dtype=np.float64)  # 32 MiB: over the ring's record limit inline
     with make_pool(2, initializer=_arrays.store, initargs=(data,)) as p:
         assert len(p._sup.init_payload) < 2048
-        infos = [p.submit(_arrays.stored_info).result(timeout=RESULT_S) for _ in range(4)]
-        assert all(i["shared"] for i in infos)
+        wait_workers_ready(p)  # else both tasks may be queued on the first worker up
+        # Each task holds its worker until both workers run one: two tasks, two workers.
+        futs = [p.submit(_arrays.stored_info_once_all_met, str(tmp_path), p.workers) for _ in range(p.workers)]
+        replies = [f.result(timeout=RESULT_S) for f in futs]
+        assert {pid for pid, _ in replies} == set(p.pids()) and len(replies) == 2
+        assert all(info["shared"] for _, info in replies)
         assert p.submit(_arrays.stored_sum).result(timeout=RESULT_S) == float(data.sum())
 
 

@@ -1,7 +1,8 @@
-"""Claims about RSS sampling and OOM-kill evidence, against this process and fake cgroup trees."""
+"""Claims about memory sampling and OOM-kill evidence, against this process, fake /proc and fake cgroup trees."""
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -13,12 +14,17 @@ from fastpool import _memory
 from fastpool._memory import (
     MemorySample,
     OomEvidence,
+    ProcessMemory,
     WorkerMemory,
     cgroup_of,
     judge_sigkill,
     leaked,
     limit_hit_count,
+    oom_baseline,
     oom_kill_count,
+    owned_bytes,
+    parse_status,
+    read_memory,
     rss_bytes,
     system_oom_kill_count,
 )
@@ -58,35 +64,104 @@ def pure_v2(tmp_path: Path, files: dict[str, str]) -> Path:
     return make_root(tmp_path, 4242, "0::/app\n", V2_MOUNTINFO, files)
 
 
-# --- rss_bytes -----------------------------------------------------------------
+# --- reading /proc/<pid>/status ------------------------------------------------
+
+STATUS = """\
+Name:\tpython3
+State:\tS (sleeping)
+Pid:\t4242
+VmPeak:\t 2000000 kB
+VmHWM:\t  900000 kB
+VmRSS:\t  700000 kB
+RssAnon:\t  150000 kB
+RssFile:\t   50000 kB
+RssShmem:\t  500000 kB
+VmSwap:\t       0 kB
+Threads:\t3
+"""
+OLD_KERNEL_STATUS = "Name:\tpython3\nVmRSS:\t  700000 kB\nThreads:\t1\n"
+ZOMBIE_STATUS = "Name:\tpython3\nState:\tZ (zombie)\nThreads:\t1\n"  # no Vm* lines at all
+
+
+def fake_proc(tmp_path: Path, pid: int | str, status: str) -> Path:
+    (tmp_path / "proc" / str(pid)).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "proc" / str(pid) / "status").write_text(status)
+    return tmp_path
+
+
+def test_owned_memory_is_rss_less_shared_memory() -> None:
+    mem = parse_status(STATUS)
+    assert mem == ProcessMemory(rss_bytes=700000 * 1024, anon_bytes=150000 * 1024,
+                                file_bytes=50000 * 1024, shmem_bytes=500000 * 1024)
+    assert mem.owned_bytes == 200000 * 1024  # a 500 MB shared array read is not the worker's
+    assert mem.owned_bytes == mem.anon_bytes + mem.file_bytes  # type: ignore[operator]
+
+
+def test_a_kernel_without_the_rss_split_owns_all_of_rss() -> None:
+    mem = parse_status(OLD_KERNEL_STATUS)
+    assert mem == ProcessMemory(rss_bytes=700000 * 1024)
+    assert mem.owned_bytes == mem.rss_bytes
+
+
+@pytest.mark.parametrize("text", [ZOMBIE_STATUS, "", "VmRSS:\tgarbage kB\n"])
+def test_a_status_without_a_readable_rss_is_none(text: str) -> None:
+    assert parse_status(text) is None
+
+
+def test_read_memory_reads_the_status_under_root(tmp_path: Path) -> None:
+    root = fake_proc(tmp_path, 4242, STATUS)
+    assert read_memory(4242, root=root) == parse_status(STATUS)
+    assert rss_bytes(4242, root=root) == 700000 * 1024
+    assert owned_bytes(4242, root=root) == 200000 * 1024
+    assert read_memory(4243, root=root) is None  # gone
+    assert owned_bytes(4242, root=fake_proc(tmp_path / "z", 4242, ZOMBIE_STATUS)) is None
 
 
 def test_rss_of_this_process_is_plausible_and_matches_psutil() -> None:
     rss = rss_bytes(os.getpid())
     assert rss is not None and rss > 5 * MiB  # an interpreter with numpy loaded
     assert rss == pytest.approx(psutil.Process().memory_info().rss, rel=0.2)
+    assert rss_bytes("self") == pytest.approx(rss, rel=0.2)
 
 
-def test_rss_grows_when_memory_is_touched() -> None:
-    before = rss_bytes(os.getpid())
-    block = np.ones(64 * MiB // 8)  # np.ones writes every page, so they are resident
-    after = rss_bytes(os.getpid())
-    assert before is not None and after is not None
-    assert after - before >= 48 * MiB
-    del block
+def test_shared_memory_touched_raises_rss_but_not_what_the_process_owns() -> None:
+    fd = os.memfd_create("fastpool-test-shared")  # like the arena: a memfd, so shmem
+    try:
+        os.ftruncate(fd, 64 * MiB)
+        with mmap.mmap(fd, 64 * MiB) as shared:
+            before = read_memory(os.getpid())
+            view = np.frombuffer(shared, dtype=np.uint8)
+            view[::4096] = 1  # every page touched: resident, and shared
+            shared_in = read_memory(os.getpid())
+            private = np.ones(64 * MiB // 8)  # np.ones writes every page: resident, private
+            private_in = read_memory(os.getpid())
+            del view, private
+    finally:
+        os.close(fd)
+    assert before is not None and shared_in is not None and private_in is not None
+    assert shared_in.rss_bytes - before.rss_bytes >= 60 * MiB
+    assert abs(shared_in.owned_bytes - before.owned_bytes) < 16 * MiB
+    assert private_in.owned_bytes - shared_in.owned_bytes >= 60 * MiB
 
 
 @pytest.mark.parametrize(
     "exc", [psutil.NoSuchProcess(1), psutil.ZombieProcess(1), psutil.AccessDenied(1)]
 )
-def test_rss_of_a_gone_or_forbidden_process_is_none(
+def test_without_proc_a_gone_or_forbidden_process_is_none(
     monkeypatch: pytest.MonkeyPatch, exc: Exception
 ) -> None:
     def vanish(pid: int) -> psutil.Process:
         raise exc
 
+    monkeypatch.setattr(_memory, "_HAVE_PROC", False)  # macOS: psutil's RSS, no split
     monkeypatch.setattr(psutil, "Process", vanish)
     assert rss_bytes(1234) is None
+
+
+def test_without_proc_psutil_rss_counts_as_owned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_memory, "_HAVE_PROC", False)
+    mem = read_memory(os.getpid())
+    assert mem is not None and mem.shmem_bytes is None and mem.owned_bytes == mem.rss_bytes
 
 
 def test_rss_of_a_pid_past_pid_max_is_none() -> None:
@@ -205,7 +280,52 @@ def test_without_counters_low_rss_leaves_the_sender_unknown() -> None:
 
 def test_without_a_limit_the_explanation_says_so() -> None:
     _, why = judge_sigkill(0, 1, None, None, sent_by_pool=False)
-    assert "last RSS ?" in why and "no memory limit" in why
+    assert "last owned memory (RSS less shared) ?" in why and "no memory limit" in why
+
+
+def test_a_counter_reading_taken_while_the_worker_dies_does_not_become_the_baseline() -> None:
+    # ticks read 0, 0, then 1: the kernel counted its kill of this worker, which has
+    # not exited yet. The baseline stays 0, so the death reads as 0 -> 1, an OOM kill.
+    before = previous = None
+    for count in (0, 0, 1):
+        before, previous = oom_baseline(before, previous, count), count
+    assert before == 0
+    assert judge_sigkill(before, 1, 290 * MiB, 300 * MiB, sent_by_pool=False)[0] is True
+
+
+def test_a_counter_that_rose_and_held_while_the_worker_lived_is_the_new_baseline() -> None:
+    # another process in the cgroup was OOM-killed; this worker lived on
+    before = previous = None
+    for count in (0, 1, 1):
+        before, previous = oom_baseline(before, previous, count), count
+    assert before == 1
+    assert oom_baseline(None, None, 4) == 4  # the first reading is the baseline
+    assert oom_baseline(None, None, None) is None
+    assert oom_baseline(2, None, None) == 2  # an unreadable counter keeps what was known
+
+
+@pytest.mark.parametrize("tree", ["v2", "v1"])
+@pytest.mark.parametrize("kills_after, confirmed", [(3, True), (2, False)])
+def test_the_verdict_follows_a_fake_cgroup_counter(
+    tmp_path: Path, tree: str, kills_after: int, confirmed: bool
+) -> None:
+    # The spawn-time and reap-time readings of one cgroup's counter, as pool.py takes them.
+    if tree == "v2":
+        text = "low 0\nhigh 0\nmax 0\noom 0\noom_kill {}\n"
+        root = pure_v2(tmp_path, {"memory.events": text.format(2)})
+        counter = root / "sys/fs/cgroup/app/memory.events"
+    else:
+        text = "oom_kill_disable 0\nunder_oom 0\noom_kill {}\n"
+        root = hybrid(tmp_path, {"memory.oom_control": text.format(2)})
+        counter = root / "sys/fs/cgroup/memory/pool/w1/memory.oom_control"
+    cg = cgroup_of(4242, root=root)
+    before = oom_kill_count(cg)
+    counter.write_text(text.format(kills_after))  # the kernel's OOM kill, or another sender
+    after = oom_kill_count(cg)
+    assert (before, after) == (2, kills_after)
+    got, why = judge_sigkill(before, after, 290 * MiB, 300 * MiB, sent_by_pool=False)
+    assert got is confirmed
+    assert ("rose from 2 to 3" if confirmed else "stayed at 2") in why
 
 
 @pytest.mark.parametrize(
@@ -238,11 +358,18 @@ def test_oom_evidence_judges_like_judge_sigkill_and_names_its_scope() -> None:
 
 def test_worker_memory_tracks_current_peak_and_baseline() -> None:
     wm = WorkerMemory(worker_id=0, pid=123)
-    assert wm.record(100, 1.0) == MemorySample(pid=123, rss_bytes=100, at=1.0)
+    assert wm.record(100, 1.0) == MemorySample(pid=123, owned_bytes=100, at=1.0)
     wm.record(300, 2.0)
-    wm.record(200, 3.0)
+    wm.record(200, 3.0, rss=900, shmem=700)
     assert (wm.current_bytes, wm.peak_bytes, wm.baseline_bytes) == (200, 300, 100)
     assert (wm.samples, wm.last_at) == (3, 3.0)
+    assert (wm.total_rss_bytes, wm.shmem_bytes) == (900, 700)
+
+
+def test_a_sample_compares_owned_memory_under_its_old_name() -> None:
+    # pool.py compares sample.rss_bytes with memory_limit: that must be the owned figure
+    sample = MemorySample(pid=1, owned_bytes=200, at=0.0, total_rss_bytes=900, shmem_bytes=700)
+    assert sample.rss_bytes == 200
 
 
 def test_over_limit_compares_the_current_reading() -> None:
@@ -255,29 +382,33 @@ def test_over_limit_compares_the_current_reading() -> None:
     assert wm.over_limit(200) is False
 
 
-def test_sampling_this_process_records_its_rss_and_keeps_the_process_handle() -> None:
+def test_sampling_records_what_the_worker_owns_not_its_rss(tmp_path: Path) -> None:
+    root = fake_proc(tmp_path, 4242, STATUS)
+    wm = WorkerMemory(worker_id=1, pid=4242, root=root)
+    first = wm.sample(10.0)
+    assert first == MemorySample(4242, 200000 * 1024, 10.0, 700000 * 1024, 500000 * 1024)
+    assert not wm.over_limit(300000 * 1024)  # RSS is 700 000 kB, but 500 000 kB of it is shared
+    fake_proc(tmp_path, 4242, STATUS.replace("150000 kB", "450000 kB").replace(" 700000 kB", "1000000 kB"))
+    assert wm.sample(11.0).owned_bytes == 500000 * 1024  # type: ignore[union-attr]
+    assert wm.over_limit(300000 * 1024)
+    assert (wm.samples, wm.baseline_bytes, wm.peak_bytes) == (2, 200000 * 1024, 500000 * 1024)
+
+
+def test_sampling_this_process_reads_plausible_figures() -> None:
     wm = WorkerMemory(worker_id=1, pid=os.getpid())
     first = wm.sample(10.0)
-    assert first is not None and first.rss_bytes > 5 * MiB and first.at == 10.0
-    handle = wm._proc
-    assert wm.sample(11.0) is not None
-    assert wm._proc is handle
-    assert wm.samples == 2 and wm.peak_bytes >= wm.baseline_bytes  # type: ignore[operator]
+    assert first is not None and first.owned_bytes > 5 * MiB and first.at == 10.0
+    assert first.total_rss_bytes is not None and first.total_rss_bytes >= first.owned_bytes
 
 
-def test_sampling_a_gone_worker_returns_none_and_keeps_the_last_values(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    wm = WorkerMemory(worker_id=2, pid=os.getpid())
-    wm.record(42 * MiB, 1.0)
-
-    class Gone:
-        def memory_info(self) -> None:
-            raise psutil.NoSuchProcess(wm.pid)
-
-    wm._proc = Gone()  # type: ignore[assignment]
+def test_sampling_a_gone_worker_returns_none_and_keeps_the_last_values(tmp_path: Path) -> None:
+    root = fake_proc(tmp_path, 4242, STATUS)
+    wm = WorkerMemory(worker_id=2, pid=4242, root=root)
+    assert wm.sample(1.0) is not None
+    (root / "proc/4242/status").unlink()
+    (root / "proc/4242").rmdir()
     assert wm.sample(2.0) is None
-    assert (wm.current_bytes, wm.samples, wm.last_at) == (42 * MiB, 1, 1.0)
+    assert (wm.current_bytes, wm.samples, wm.last_at) == (200000 * 1024, 1, 1.0)
 
 
 @pytest.mark.parametrize(
