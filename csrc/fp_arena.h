@@ -687,8 +687,12 @@ static inline int fp_arena_usage(const fp_arena_view_t *v, uint64_t *live, uint6
  *
  * FP_OK once the chain is whole; dmg->why says what was found (NONE: intact)
  * and *quarantined the bytes set aside. */
-static inline int fp_arena_reset_region(const fp_arena_view_t *v, uint32_t r, uint64_t *quarantined,
-                                        fp_arena_damage_t *dmg)
+/* keep_below: where (relative to the region's base) the furthest block that any
+ * other process may still hold ends, by the caller's own account (the parent
+ * sees a descriptor for every block that leaves a worker's region).  With a
+ * garbage top, only [cut, keep_below) is quarantined, not the rest of the region. */
+static inline int fp_arena_reset_region(const fp_arena_view_t *v, uint32_t r, uint64_t keep_below,
+                                        uint64_t *quarantined, fp_arena_damage_t *dmg)
 {
     *quarantined = 0;
     *dmg = (fp_arena_damage_t){r, FP_ARENA_BAD_NONE, 0, 0};
@@ -711,6 +715,8 @@ static inline int fp_arena_reset_region(const fp_arena_view_t *v, uint32_t r, ui
         *dmg = w.damage;
     uint64_t cut = w.next - w.base; /* the first byte the chain cannot vouch for */
     uint64_t high = top_bad ? v->region_size : w.end - w.base;
+    if (top_bad)
+        high = keep_below > cut ? (keep_below < v->region_size ? keep_below : v->region_size) : cut;
     fp_a64 *top = fp_arena_top(v, r);
     if (cut == high || v->region_size - cut < v->min_block) {
         /* nothing past the cut, or too little for any block: the top moves to it */

@@ -54,7 +54,8 @@ cdef extern from "fp_arena.h" nogil:
     int fp_arena_reclaim(const fp_arena_view_t *v, uint32_t p, uint64_t *held, fp_arena_damage_t *dmg)
     int fp_arena_usage(const fp_arena_view_t *v, uint64_t *live, uint64_t *idle, uint64_t *nlive,
                        fp_arena_damage_t *dmg)
-    int fp_arena_reset_region(const fp_arena_view_t *v, uint32_t r, uint64_t *quarantined, fp_arena_damage_t *dmg)
+    int fp_arena_reset_region(const fp_arena_view_t *v, uint32_t r, uint64_t keep_below, uint64_t *quarantined,
+                              fp_arena_damage_t *dmg)
 
 
 cdef class Arena:
@@ -62,6 +63,7 @@ cdef class Arena:
     cdef void *_ro               # a read-only mapping for readonly blocks, made on first use
     cdef uint64_t _own_top       # this process's record of its own region's top (fp_arena_alloc)
     cdef uint32_t *_held         # per page of the own region: Blocks of this process starting there (calloc, lazy)
+    cdef uint64_t *_seen_end     # per region: where the furthest block this process ever referenced ends
     cdef int _fd
     cdef readonly uint32_t proc
     cdef readonly uint64_t token
@@ -80,6 +82,7 @@ cdef class Arena:
     cdef _commit(self, uint64_t off, uint64_t length, uint64_t nbytes)
     cpdef Block alloc(self, uint64_t nbytes)
     cpdef Block ref(self, uint64_t off, uint64_t gen, bint readonly)
+    cdef _saw(self, fp_arena_blk_t *b)
 
 
 cdef class Block:

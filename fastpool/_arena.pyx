@@ -352,6 +352,7 @@ cdef class Arena:
     def __dealloc__(self):
         self._unmap()
         free(self._held)
+        free(self._seen_end)
         if self._fd >= 0:
             close(self._fd)
 
@@ -480,7 +481,21 @@ cdef class Arena:
                 f"shared block at {off} was reused before this descriptor was read (fastpool bug)")
         if rc != FP_OK:
             raise _damage_error(&d, self._v.nprocs)
+        self._saw(&b)
         return self._block(&b, readonly)
+
+    cdef _saw(self, fp_arena_blk_t *b):
+        # Every block that leaves a worker's region reaches others through this
+        # process's ref: the furthest end seen bounds what reset_region must keep.
+        cdef uint64_t rel = b.off - self._v.regions_offset
+        cdef uint32_t r = <uint32_t>(rel // self._v.region_size)
+        cdef uint64_t end = rel - <uint64_t>r * self._v.region_size + b.size
+        if self._seen_end == NULL:
+            self._seen_end = <uint64_t *>calloc(self._v.nprocs, sizeof(uint64_t))
+            if self._seen_end == NULL:
+                raise MemoryError()
+        if r < self._v.nprocs and end > self._seen_end[r]:
+            self._seen_end[r] = end
 
     def handoff(self, Block blk):
         """One more reference for this process, that the receiver drops (unref_for)."""
@@ -571,7 +586,7 @@ cdef class Arena:
             raise ValueError(f"the arena has regions 0 to {self._v.nprocs - 1}, not {region}")
         if self.proc != PARENT and region != self.proc:
             raise ValueError("only the parent resets another process's region")
-        fp_arena_reset_region(&self._v, region, &q, &d)
+        fp_arena_reset_region(&self._v, region, self._seen_end[region] if self._seen_end != NULL else 0, &q, &d)
         if region == self.proc:
             self._own_top = FP_ARENA_TOP_UNKNOWN
         return q

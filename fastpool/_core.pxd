@@ -84,7 +84,6 @@ cdef class Board:
     cdef readonly uint64_t ring_capacity
     cdef readonly uint64_t max_record
 
-    cdef _map(self, int fd, uint64_t size)
     cdef _views(self, uint32_t nslots, uint64_t cap, bint parent)
     cdef _release(self)
     cdef int _ok(self, int slot) except -1

@@ -27,9 +27,10 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 
 from fastpool import errors
 
+from fastpool._shm cimport FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map
 from fastpool._sys cimport (
-    FP_AGAIN, FP_CORRUPT, FP_ERRNO, FP_INTR, FP_OK, FP_TIMEOUT, FP_TOOBIG, MAP_FAILED, MAP_NORESERVE,
-    MAP_SHARED, PROT_READ, PROT_WRITE, close, errno, ftruncate, mmap, munmap, pread,
+    FP_AGAIN, FP_CORRUPT, FP_ERRNO, FP_INTR, FP_OK, FP_TIMEOUT, FP_TOOBIG, PROT_READ, PROT_WRITE, close,
+    errno, munmap,
 )
 
 SLOT_EMPTY = FP_SLOT_EMPTY
@@ -110,21 +111,17 @@ cdef class Board:
 
     @staticmethod
     def create(int nslots, uint64_t ring_capacity, str name="fastpool"):
-        """Makes a fresh board in a new memfd (nothing appears in /dev/shm)."""
-        import os
+        """Makes a fresh board in a new sealed memfd (nothing appears in /dev/shm; no
+        worker can shrink it under the parent), at an fd number over 1000."""
         if nslots < 1 or nslots > FP_BOARD_MAX_SLOTS:
             raise ValueError(f"a board holds 1 to {FP_BOARD_MAX_SLOTS} worker slots, not {nslots}")
         check_ring_bytes(ring_capacity)
         cdef Board self = Board.__new__(Board)
         cdef uint64_t size = fp_board_size(nslots, ring_capacity)
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
-        try:
-            if ftruncate(fd, <long>size) != 0:
-                raise OSError(errno, f"cannot size the shared board to {size} bytes: {os.strerror(errno)}")
-            self._map(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
+        cdef int fd = -1
+        cdef void *p = NULL
+        check(fp_shm_create(name.encode(), size, &fd, &p), f"creating the shared board ({size} bytes)")
+        self._base, self._size, self._fd = p, size, fd
         check(fp_board_init(<fp_board_t *>self._base, nslots, ring_capacity), "board init")
         self._views(nslots, ring_capacity, True)
         return self
@@ -133,29 +130,30 @@ cdef class Board:
     def attach(int fd):
         """Maps an existing board from an inherited fd (the fd stays the caller's).
 
-        The header is read once; that copy is checked and used from then on."""
-        import os
+        The header is read once; that copy is checked (against the file's own size)
+        and used from then on.  The mapping's fd is a duplicate over 1000, a number
+        no object the worker inherited can own."""
         cdef Board self = Board.__new__(Board)
         cdef unsigned char head[4096]
         cdef uint32_t nslots = 0
-        cdef uint64_t cap = 0
-        if pread(fd, head, sizeof(head), 0) != sizeof(head):
+        cdef uint64_t cap = 0, file_size = 0
+        cdef int own = -1, rc
+        cdef void *p = NULL
+        rc = fp_shm_attach(fd, head, sizeof(head), &file_size)
+        if rc == FP_CORRUPT:
             raise errors.SegmentCorrupt("the shared board is too short to be one")
-        if fp_board_check(<fp_board_t *>head, sizeof(head) + (1ULL << 46), &nslots, &cap) != FP_OK:
+        check(rc, "reading the shared board's header")
+        if fp_board_check(<fp_board_t *>head, file_size, &nslots, &cap) != FP_OK:
             raise errors.SegmentCorrupt("the shared board's magic or layout version does not match "
                                         "this fastpool build")
-        self._map(os.dup(fd), fp_board_size(nslots, cap))
+        check(fp_shm_dup(fd, FP_SHM_FD_FLOOR, &own), "duplicating the board's fd")
+        rc = fp_shm_map(own, fp_board_size(nslots, cap), PROT_READ | PROT_WRITE, &p)
+        if rc != FP_OK:
+            close(own)
+            check(rc, "mapping the shared board")
+        self._base, self._size, self._fd = p, fp_board_size(nslots, cap), own
         self._views(nslots, cap, False)
         return self
-
-    cdef _map(self, int fd, uint64_t size):
-        cdef void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0)
-        if p == MAP_FAILED:
-            import os
-            raise OSError(errno, f"cannot map the shared board ({size} bytes): {os.strerror(errno)}")
-        self._base = p
-        self._size = size
-        self._fd = fd
 
     cdef _views(self, uint32_t nslots, uint64_t cap, bint parent):
         self._v = <fp_boardv_t *>calloc(1, sizeof(fp_boardv_t))

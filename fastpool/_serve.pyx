@@ -40,6 +40,7 @@ DEF RESULT_WAIT_NS = 3600 * 1000000000  # a parent that reads nothing for an hou
 EXIT_STOPPED = 0
 EXIT_RESULT_STUCK = 5
 EXIT_TASK_RING_CORRUPT = 6
+EXIT_ARENA_CORRUPT = 7
 
 
 cdef inline bint _atomic(object x):
@@ -55,9 +56,10 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
     """Runs tasks from slot's ring until told to stop.
 
     Returns EXIT_STOPPED on K_STOP or when the parent process is gone,
-    EXIT_RESULT_STUCK if a result found no room for an hour, and
-    EXIT_TASK_RING_CORRUPT if the task ring breaks its format (the parent then
-    sees a death, fails this worker's tasks and replaces it)."""
+    EXIT_RESULT_STUCK if a result found no room for an hour,
+    EXIT_TASK_RING_CORRUPT if the task ring breaks its format, and
+    EXIT_ARENA_CORRUPT after reporting that its arena region was written over (the
+    parent then sees a death, judges it, repairs what it must and replaces it)."""
     cdef dict fns = {}
     cdef fp_recv_t rec
     cdef int rc
@@ -106,6 +108,7 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
         t0 = fp_now_ns()
         out = None
         rkind = FP_R_OK
+        damaged = False
         try:
             fn = fns.get(fid)
             if fn is None:
@@ -133,6 +136,8 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
                         out = encode_result(result)
                     except errors.SharedMemoryError as exc:  # the arena is full: say so, as itself
                         out, rkind = encode_exception(exc), FP_R_ERR
+                    except errors.SegmentCorrupt as exc:  # its arena region was written over
+                        out, rkind, damaged = encode_exception(exc), FP_R_ERR, True
                     except Exception as exc:  # noqa: BLE001 - an unpicklable result fails only its future
                         out, rkind = encode_bad_result(wire >> 3, exc, result), FP_R_BAD_RESULT
             result = None
@@ -154,4 +159,6 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
         board.finish(slot, True)
         if not sent:
             return EXIT_RESULT_STUCK
+        if damaged:
+            return EXIT_ARENA_CORRUPT  # the parent repairs the region before a replacement uses it
         spin = spin_ns

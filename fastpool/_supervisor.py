@@ -126,6 +126,12 @@ class Supervisor:
 
     def _spawn(self, slot: Slot, now: float) -> None:
         """Asks the template for a worker in this slot (supervisor lock held)."""
+        try:
+            self.arena.check_region(slot.id + 1)
+        except errors.SegmentCorrupt as exc:  # whatever its last owner left: whole again first
+            lost = self.arena.reset_region(slot.id + 1)
+            log.warning("fastpool: worker %d's arena region was damaged (%s); repaired, quarantining "
+                        "%d bytes", slot.id, exc, lost)
         self.disp.slot_spawned(slot.id, self.init_payload)  # rings reset, K_INIT queued
         slot.state = "starting"
         slot.init_error = None
@@ -227,7 +233,10 @@ class Supervisor:
             if slot.pid != pid:
                 return
             tasks = disp.take_slot(sid)
-            self.arena.reclaim(sid)  # the dead worker's references on shared blocks
+            try:
+                self.arena.reclaim(sid)  # the dead worker's references on shared blocks
+            except errors.SegmentCorrupt:
+                self._repair_arena(dead=sid)
             current = self.board.current(sid)
             kill, slot.kill = slot.kill, None
             if kill is not None and kill.cause is Cause.CORRUPT:
@@ -303,6 +312,22 @@ class Supervisor:
             memory=_verdict.MemoryFacts(limit, mem.current_bytes if mem and mem.samples else None,
                                         mem.peak_bytes if mem and mem.samples else None),
             age_s=time.monotonic() - slot.spawned_at, served=self.disp.slot_view(slot.id)[2])
+
+    def _repair_arena(self, dead: int) -> None:
+        """Some process wrote over arena block headers.  A dead worker's region, and the
+        parent's own, are made whole here (their owners are not allocating); a live
+        worker's damaged region costs that worker: it is killed, and its region is
+        made whole before its replacement starts (see _spawn)."""
+        for region, exc in self.arena.corrupt_regions().items():
+            owner = self.slots[region - 1] if region > 0 else None
+            if owner is not None and owner.id != dead and owner.live and owner.pid is not None:
+                if owner.kill is None:
+                    self.tel.count("corrupt")
+                    self.kill(owner, Kill(Cause.CORRUPT, None, f"its arena region is damaged: {exc.detail}"))
+                continue
+            lost = self.arena.reset_region(region)
+            log.warning("fastpool: the shared arena's region %d was written over (%s); it was repaired, "
+                        "quarantining %d bytes", region, exc, lost)
 
     def run_inline(self, task: Any) -> None:
         """Degraded mode: the pool cannot serve, so the caller's process runs the task."""

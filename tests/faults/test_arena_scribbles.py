@@ -182,7 +182,6 @@ def test_a_readonly_array_is_mapped_read_only_in_the_process_that_receives_it(mo
 
 
 @pytest.mark.faults
-@pytest.mark.xfail(reason="pool integration pending", strict=False)
 def test_a_task_that_scribbles_the_arena_costs_its_worker_and_the_pool_goes_on():
     with make_pool(1, backoff_base_s=0.01) as p:
         held = p.share(np.arange(1000.0))

@@ -1456,7 +1456,7 @@ TEST(arena_reset_of_an_intact_region_changes_nothing)
     dfix_t f = dfix();
     uint64_t top = top_of(f.a, DR), q = 1;
     fp_arena_damage_t d;
-    CHECK_EQ(fp_arena_reset_region(f.a, DR, &q, &d), FP_OK);
+    CHECK_EQ(fp_arena_reset_region(f.a, DR, UINT64_MAX, &q, &d), FP_OK);
     CHECK_EQ(q, 0);
     CHECK_EQ(d.why, FP_ARENA_BAD_NONE);
     CHECK_EQ(top_of(f.a, DR), top);
@@ -1482,7 +1482,7 @@ TEST(arena_reset_quarantines_from_the_damage_and_keeps_what_others_hold)
     fp_store64_release(&fp_arena_block(a, f.b[1])->size, UINT64_MAX - PAGE + 1);
     uint64_t q = 0;
     fp_arena_damage_t d;
-    CHECK_EQ(fp_arena_reset_region(a, DR, &q, &d), FP_OK);
+    CHECK_EQ(fp_arena_reset_region(a, DR, UINT64_MAX, &q, &d), FP_OK);
     CHECK_EQ(d.why, FP_ARENA_BAD_PAST_TOP);
     CHECK_EQ(d.at, f.b[1] - f.base);
     CHECK_EQ(q, top - (f.b[1] - f.base));
@@ -1520,7 +1520,7 @@ TEST(arena_reset_with_a_garbage_top_keeps_the_chain_that_holds_together)
     fp_store64_release(fp_arena_top(a, DR), UINT64_MAX);
     uint64_t q = 0, n = 0;
     fp_arena_damage_t d;
-    CHECK_EQ(fp_arena_reset_region(a, DR, &q, &d), FP_OK);
+    CHECK_EQ(fp_arena_reset_region(a, DR, UINT64_MAX, &q, &d), FP_OK);
     CHECK_EQ(d.why, FP_ARENA_BAD_TOP);
     CHECK_EQ(q, REGION - top); /* past the last good block nothing can be vouched for */
     CHECK_EQ(top_of(a, DR), REGION);
@@ -1545,20 +1545,20 @@ TEST(arena_reset_leaves_no_block_smaller_than_a_header)
     uint64_t q = 0, n = 0;
     fp_arena_damage_t d;
     fp_store64_release(&fp_arena_block(a, got[6])->size, 3);
-    CHECK_EQ(fp_arena_reset_region(a, 7, &q, &d), FP_OK);
+    CHECK_EQ(fp_arena_reset_region(a, 7, UINT64_MAX, &q, &d), FP_OK);
     CHECK_EQ(q, 3 * PAGE);
     CHECK_EQ(fp_arena_check_region(a, 7, &n, &d), FP_OK);
     /* a span of one page after the cut grows to a whole block, where the region has room */
     fp_store64_release(&fp_arena_block(a, got[6])->size, 3);
     fp_store64_release(fp_arena_top(a, 7), 13 * PAGE);
-    CHECK_EQ(fp_arena_reset_region(a, 7, &q, &d), FP_OK);
+    CHECK_EQ(fp_arena_reset_region(a, 7, UINT64_MAX, &q, &d), FP_OK);
     CHECK_EQ(q, 2 * PAGE);
     CHECK_EQ(top_of(a, 7), 14 * PAGE);
     CHECK_EQ(fp_arena_check_region(a, 7, &n, &d), FP_OK);
     /* a cut one page before the region's end: no block fits there, the top moves to it */
     fp_store64_release(&fp_arena_block(a, got[6])->size, 3 * PAGE);
     fp_store64_release(fp_arena_top(a, 7), 16 * PAGE); /* past the chain's end at 15: size 0 there */
-    CHECK_EQ(fp_arena_reset_region(a, 7, &q, &d), FP_OK);
+    CHECK_EQ(fp_arena_reset_region(a, 7, UINT64_MAX, &q, &d), FP_OK);
     CHECK_EQ(d.why, FP_ARENA_BAD_SIZE);
     CHECK_EQ(d.at, 15 * PAGE);
     CHECK_EQ(q, 0);
@@ -1657,13 +1657,13 @@ TEST(arena_random_scribbles_never_hang_crash_or_spread)
             fp_arena_reclaim(a, r, &held, &d);
             if (fp_arena_check_region(a, r, &n, &d) != FP_OK) {
                 damaged++;
-                CHECK_EQ(fp_arena_reset_region(a, r, &q, &d), FP_OK);
+                CHECK_EQ(fp_arena_reset_region(a, r, UINT64_MAX, &q, &d), FP_OK);
                 quarantined += q;
             }
         }
         if (fp_arena_check_region(a, 0, &n, &d) != FP_OK) {
             CHECK(hit0);
-            CHECK_EQ(fp_arena_reset_region(a, 0, &q, &d), FP_OK);
+            CHECK_EQ(fp_arena_reset_region(a, 0, UINT64_MAX, &q, &d), FP_OK);
         }
         for (uint32_t r = 0; r < NPROCS; r++)
             CHECKF(fp_arena_check_region(a, r, &n, &d) == FP_OK, "round %d region %u: %s", round, r,
@@ -1681,6 +1681,29 @@ TEST(arena_random_scribbles_never_hang_crash_or_spread)
     printf("[%llu damaged regions reset, %llu bytes quarantined] ", (unsigned long long)damaged,
            (unsigned long long)quarantined);
     CHECK(damaged > 0);
+}
+
+/* A garbage top over a whole chain: the parent's own account of the furthest
+ * block anyone else may hold bounds the quarantine, instead of the region's end. */
+TEST(reset_with_a_garbage_top_quarantines_only_what_others_may_hold)
+{
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(3, 1 << 20, 1 << 22, &size);
+    uint64_t off = must_alloc(a, 1, 3 * PAGE, NULL);
+    uint64_t chain_end = off + size_of(a, off) - fp_arena_region(a, 1);
+    fp_store64_release(fp_arena_top(a, 1), UINT64_MAX - 4095); /* page-aligned, past the end */
+    uint64_t q = 1;
+    fp_arena_damage_t d;
+    /* nobody else holds anything past the chain: no quarantine, the top is the chain's end */
+    CHECK_EQ(fp_arena_reset_region(a, 1, 0, &q, &d), FP_OK);
+    CHECK_EQ(q, 0);
+    CHECK_EQ(top_of(a, 1), chain_end);
+    /* the same damage, with a block handed out up to chain_end + 8 pages: only that span */
+    fp_store64_release(fp_arena_top(a, 1), UINT64_MAX - 4095);
+    CHECK_EQ(fp_arena_reset_region(a, 1, chain_end + 8 * PAGE, &q, &d), FP_OK);
+    CHECK_EQ(q, 8 * PAGE);
+    CHECK_EQ(top_of(a, 1), chain_end + 8 * PAGE);
+    arena_free(a, size);
 }
 
 int main(int argc, char **argv) { return check_main(argc, argv); }
