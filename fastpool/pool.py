@@ -43,6 +43,8 @@ log = logging.getLogger("fastpool")
 
 DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched pages cost
 MAX_CHUNKSIZE = 8192
+WINDOW_ITEMS = 32768  # map keeps about this many small items in flight...
+MAX_WINDOW_PER_WORKER = 64  # ...in at most this many chunks per worker
 INTERRUPT_GRACE_S = 0.4  # Ctrl-C: how long interrupted tasks get to return before SIGKILL
 
 _dispatch.set_parent_spin(float(os.environ.get("FASTPOOL_PARENT_SPIN_US", "80")) * 1e-6)
@@ -347,7 +349,7 @@ class Pool(Executor):
         deadline = None if timeout is None else _now() + timeout
         pending: deque[Future] = deque()
         submit_next = _Feeder(self._disp, fn, chunks, star, pending.append)
-        for _ in range(2 * self._n + 2):
+        for _ in range(self._window(chunks.size)):
             if not submit_next():
                 break
         return _ResultIterator.over(_ordered(pending, submit_next, deadline, chunks if adaptive else None))
@@ -366,10 +368,15 @@ class Pool(Executor):
             pending.add(fut)
             fut.add_done_callback(done.append)
         submit_next = _Feeder(self._disp, fn, chunks, False, track)
-        for _ in range(2 * self._n + 2):
+        for _ in range(self._window(chunks.size)):
             if not submit_next():
                 break
         return _ResultIterator.over(_unordered(self._disp, pending, done, submit_next))
+
+    def _window(self, chunksize: int) -> int:
+        """Chunks in flight: two per worker and two spare, and for small chunks enough
+        to keep WINDOW_ITEMS items under way (capped), or each chunk costs a round trip."""
+        return max(2 * self._n + 2, min(MAX_WINDOW_PER_WORKER * self._n, WINDOW_ITEMS // chunksize))
 
     def _chunks(self, fn: Callable[..., Any], iterables: tuple, chunksize: int | None) -> tuple:
         if self._disp.closed:
