@@ -468,7 +468,7 @@ class Supervisor:
         death = _verdict.Death(slot=slot.id, pid=slot.pid or 0, exitcode=None, starting=True,
                                age_s=time.monotonic() - slot.spawned_at)
         self.tel.crash(_verdict.record(death, cause, detail, None, None))
-        self.disp.take_slot(slot.id)
+        self.disp.requeue(self.disp.take_slot(slot.id))  # nothing is dispatched to a starting slot
         restart = self._schedule_restart(slot, cause, detail)
         level, text = _verdict.sentence(death, cause, detail, None, None, restart)
         log.log(level, text)

@@ -126,7 +126,7 @@ class _Runtime:
             sup.stop_workers()
             self.supervisor_thread.join(5)
             sup.reap_workers(grace_s)
-            disp.abandon(lambda t: errors.BrokenPool("the pool was shut down before this task ran"))
+            disp.abandon(_abandoned)
         finally:
             disp.set_torn_down()
             self.torn_down.set()
@@ -148,6 +148,13 @@ class _Runtime:
                 self.arena.close()
             sup.close()
             _live.discard(self)
+
+
+def _abandoned(task: Any) -> BaseException:
+    if task.t_dispatch:
+        return errors.BrokenPool(f"the pool was shut down while task {task.id} ran (or was held by a "
+                                 "worker); its worker was stopped")
+    return errors.BrokenPool(f"the pool was shut down before task {task.id} ran")
 
 
 class Pool(Executor):
