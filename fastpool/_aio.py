@@ -5,12 +5,15 @@
     Gate.admit(submit): room in the queue?
       yes: submit now (pickle, enqueue: never waits)
       no:  park in the gate's FIFO (a loop future) -- no thread blocks
-    PoolFuture ---- add_done_callback ------------> settled by the collector thread
-                                                    (or whichever thread drives)
-    _deliver() <--- loop.call_soon_threadsafe ----- the done-callback
-      the awaiting coroutine resumes; the gate admits parked submits while the
-      queue has room (dispatch frees queue places BEFORE a future settles, so a
-      settle is the moment room appears), else a backoff timer looks again
+    Driver.track(fut) ----------------------------> the driver thread waits on the
+                                                    result rings as a thread in
+                                                    result() would, and settles
+    Gate._flush() <-- loop.call_soon_threadsafe --- the done-callback, Gate.post():
+      once per batch of settled futures              into the gate's inbox
+      the gate first admits parked submits while the queue has room (dispatch
+      frees queue places BEFORE a future settles, so a settle is when room
+      appears; a backoff timer covers room made by others), then the awaiting
+      coroutines resume
 
 Nothing here calls ``PoolFuture.result()`` on an unfinished future: that would
 drive the pool on the loop thread and block the loop until the task ends.
@@ -31,8 +34,8 @@ running, its cancel flag is set (``fastpool.cancelled()``), or with
 ``force_cancel`` its worker is killed.  The awaiting task's CancelledError is
 raised at once; the pool future settles as cancelled when the task stops.
 
-Thread safety: a Gate belongs to one (pool, loop) pair and is touched only on
-that loop's thread; the done-callbacks only post to the loop.
+Thread safety: a Gate belongs to one (pool, loop) pair; only ``post`` runs off
+the loop's thread.  A Driver serves every loop of its pool and takes its lock.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import functools
+import logging
+import threading
 import weakref
 from collections import deque
 from typing import Any, Callable, Generic, Iterable, TypeVar
@@ -48,26 +53,129 @@ from fastpool import _call, _progress, errors
 from fastpool._call import ChunkFailure, TaskFunction
 
 R = TypeVar("R")
+log = logging.getLogger("fastpool")
 
 ADMIT_POLL_MIN_S = 0.001  # first look again after a full queue with no settle of ours to wake us
 ADMIT_POLL_MAX_S = 0.05   # the backoff's cap: room made by other submitters is seen this late at worst
 MAX_CHUNKSIZE = 8192      # pool.MAX_CHUNKSIZE: amap adapts an unknown-length input's chunks as map does
 
+DRIVER_LINGER_S = 0.5     # an idle driver thread waits this long for more work before it exits
+
 # pool -> loop -> Gate.  Weak both ways: a Gate holds neither its pool nor its loop.
 _gates: "weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, Gate]]" = weakref.WeakKeyDictionary()
+_drivers: "weakref.WeakKeyDictionary[Any, Driver]" = weakref.WeakKeyDictionary()
+_drivers_lock = threading.Lock()
+
+
+class Driver:
+    """A thread that drives the pool while coroutines await its futures.
+
+    A thread in ``result()`` consumes the result rings itself (spin, then a futex
+    wait) and settles at once.  The event loop cannot wait like that, and the
+    collector thread, which settles what nobody waits for, holds back for a
+    moment after each submit (so that a waiting caller's round trip wakes no
+    second thread): every asubmit would pay that pause.  So while any asyncio
+    future of this pool is pending, this thread waits as a caller would; it
+    exits after DRIVER_LINGER_S without work, or when the pool is torn down.
+    It holds the dispatcher, never the Pool.  Thread-safe."""
+
+    def __init__(self, disp: Any) -> None:
+        self.disp = disp
+        self.lock = threading.Lock()
+        self.pending = 0
+        self.thread: threading.Thread | None = None
+        self.wake = threading.Event()
+
+    def track(self, fut: Any) -> None:
+        """Drives the pool until fut (too) has settled; fut may be settled already."""
+        with self.lock:
+            self.pending += 1
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="fastpool-aio-driver", daemon=True)
+                self.thread.start()
+            else:
+                self.wake.set()
+        fut.add_done_callback(self._settled)
+
+    def _settled(self, fut: Any) -> None:
+        with self.lock:
+            self.pending -= 1
+
+    def _idle(self) -> bool:
+        return self.pending == 0 or bool(self.disp.torn_down)
+
+    def _run(self) -> None:
+        disp = self.disp
+        try:
+            while not disp.torn_down:
+                try:
+                    disp.drive(self._idle, None)
+                except Exception:  # noqa: BLE001 - the collector thread still settles everything
+                    log.exception("fastpool: the asyncio driver thread failed; results now come "
+                                  "through the collector thread")
+                    return
+                with self.lock:
+                    if self.pending:
+                        continue
+                    self.wake.clear()
+                if self.wake.wait(DRIVER_LINGER_S):
+                    continue
+                with self.lock:
+                    if not self.pending and not self.wake.is_set():
+                        self.thread = None
+                        return
+        finally:
+            with self.lock:
+                if self.thread is threading.current_thread():
+                    self.thread = None
+
+
+def driver_of(pool: Any) -> Driver:
+    drv = _drivers.get(pool)
+    if drv is None:
+        with _drivers_lock:
+            drv = _drivers.get(pool)
+            if drv is None:
+                drv = _drivers[pool] = Driver(pool._disp)
+    return drv
 
 
 class Gate:
-    """Admission to one pool's queue for the coroutines of one event loop (FIFO)."""
+    """One pool as one event loop sees it: admission to the queue (FIFO), and
+    the inbox through which settled futures reach the loop, one wake-up of the
+    loop per batch rather than per future."""
 
     def __init__(self, disp: Any) -> None:
         self.disp = disp
         self.waiters: deque[tuple[asyncio.Future[Any], Callable[[], Any]]] = deque()
         self.timer: asyncio.TimerHandle | None = None
         self.delay = ADMIT_POLL_MIN_S
+        self.inbox: deque[tuple[Callable[[Any], None], Any]] = deque()
+        self.scheduled = False
+
+    def post(self, loop: asyncio.AbstractEventLoop, land: Callable[[Any], None], fut: Any) -> None:
+        """A pool future's done-callback, on whichever thread settled it."""
+        self.inbox.append((land, fut))
+        if not self.scheduled:
+            # Set before the call and cleared by _flush before it reads the inbox:
+            # an append that sees True was made before that read.
+            self.scheduled = True
+            try:
+                loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:
+                pass  # the loop was closed: nobody awaits these futures any more
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        if self.waiters:
+            self.release()  # dispatch made room before these settled: refill the queue first
+        inbox = self.inbox
+        while inbox:
+            land, fut = inbox.popleft()
+            land(fut)
 
     def room(self) -> bool:
-        return self.disp.queued < self.disp.max_queue
+        return bool(self.disp.queued < self.disp.max_queue)
 
     async def admit(self, submit: Callable[[], Any], pool: Any, force: bool) -> Any:
         """submit() once the queue has room; returns what it returns (a PoolFuture)."""
@@ -133,15 +241,7 @@ def gate_of(pool: Any) -> Gate:
     return gate
 
 
-def _on_settle(loop: asyncio.AbstractEventLoop, land: Callable[[Any], None], fut: Any) -> None:
-    """The pool future's done-callback, on whichever thread settled it."""
-    try:
-        loop.call_soon_threadsafe(land, fut)
-    except RuntimeError:
-        pass  # the loop was closed: nobody awaits this future any more
-
-
-def _outcome(fut: Any, waiter: asyncio.Future[Any]) -> None:
+def _outcome(fut: Any, *, waiter: asyncio.Future[Any]) -> None:
     """Copies a settled pool future into an asyncio future (loop thread)."""
     if waiter.done():
         return
@@ -157,7 +257,7 @@ def _outcome(fut: Any, waiter: asyncio.Future[Any]) -> None:
         waiter.set_result(fut.result())
 
 
-async def submit(pool: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+async def submit(pool: Any, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  options: Any, force: bool) -> Any:
     """Pool.asubmit: admission, then the result, without blocking the loop."""
     if type(fn) is TaskFunction:
@@ -176,12 +276,8 @@ async def submit(pool: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwarg
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[Any] = loop.create_future()
 
-    def land(f: Any) -> None:
-        if gate.waiters:
-            gate.release()
-        _outcome(f, waiter)
-
-    fut.add_done_callback(functools.partial(_on_settle, loop, land))
+    fut.add_done_callback(functools.partial(gate.post, loop, functools.partial(_outcome, waiter=waiter)))
+    driver_of(pool).track(fut)
     try:
         return await waiter
     except asyncio.CancelledError:
@@ -195,14 +291,12 @@ class _Landing:
     AsyncMap, so that the futures' callbacks do not keep it alive: a dropped
     iterator is collected at once and cancels its chunks."""
 
-    def __init__(self, gate: Gate, loop: asyncio.AbstractEventLoop, ordered: bool) -> None:
-        self.gate, self.loop, self.ordered = gate, loop, ordered
+    def __init__(self, gate: Gate, driver: Driver, loop: asyncio.AbstractEventLoop, ordered: bool) -> None:
+        self.gate, self.driver, self.loop, self.ordered = gate, driver, loop, ordered
         self.landed: deque[Any] = deque()  # ordered=False: settled, in settle order
         self.wakeup: asyncio.Future[None] | None = None
 
     def land(self, fut: Any) -> None:
-        if self.gate.waiters:
-            self.gate.release()
         if not self.ordered:
             self.landed.append(fut)
         w = self.wakeup
@@ -286,7 +380,7 @@ class AsyncMap(Generic[R]):
     async def _fill(self) -> None:
         landing = self._landing
         if landing is None:
-            landing = self._landing = _Landing(gate_of(self._pool), asyncio.get_running_loop(), self._ordered)
+            landing = self._landing = _Landing(gate_of(self._pool), driver_of(self._pool), asyncio.get_running_loop(), self._ordered)
         disp, fn, star = self._pool._disp, self._fn, self._star
         while not self._exhausted and len(self._pending) < self._window:
             chunk = self._chunks.next()
@@ -301,7 +395,8 @@ class AsyncMap(Generic[R]):
             self._pending.append(fut)
             if self._counter is not None:
                 fut.add_done_callback(self._counter.chunk_done)
-            fut.add_done_callback(functools.partial(_on_settle, landing.loop, landing.land))
+            fut.add_done_callback(functools.partial(landing.gate.post, landing.loop, landing.land))
+            landing.driver.track(fut)
 
     async def _take(self) -> Any:
         """The next settled chunk: the head (ordered) or any (ordered=False)."""

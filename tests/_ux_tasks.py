@@ -64,3 +64,14 @@ def first_free(x: int, gate: str) -> int:
     if x != 0:
         _wait(gate, LIMIT_S)
     return x * 2
+
+
+def where() -> tuple[int, int]:
+    """(pid, thread id) of the caller: which process and thread ran the task."""
+    import threading
+
+    return os.getpid(), threading.get_ident()
+
+
+def bad_initializer() -> None:
+    raise RuntimeError("initializer is broken")

@@ -195,6 +195,22 @@ def test_two_event_loops_share_one_pool(pool: fastpool.Pool) -> None:
     assert results == {k: [k + i for i in range(200)] for k in (1000, 2000)}
 
 
+def test_inline_fallback_runs_off_the_loop_when_the_circuit_is_open() -> None:
+    with make_pool(1, initializer=_ux_tasks.bad_initializer, backoff_base_s=0.01, backoff_cap_s=0.02,
+                   max_failures=2) as pool:
+        with pytest.raises(fastpool.CircuitOpen):
+            pool.submit(_tasks.double, 1).result(timeout=30)  # every breaker is open now
+
+        async def main() -> None:
+            with pytest.raises(fastpool.CircuitOpen):
+                await pool.asubmit(_tasks.double, 1)
+            pid, thread = await pool.options(fallback="inline").asubmit(_ux_tasks.where)
+            assert pid == os.getpid()  # run by this process ...
+            assert thread != threading.get_ident()  # ... but not on the event loop's thread
+        run(main())
+        assert pool.stats()["inline"] == 1
+
+
 # ---- the Executor interface under asyncio --------------------------------------------------
 
 
@@ -321,3 +337,23 @@ def test_amap_rejects_bad_arguments_at_once(pool: fastpool.Pool) -> None:
     with pytest.raises(ValueError, match="chunksize"):
         pool.amap(_tasks.double, range(3), chunksize=0)
     assert pool.stats()["chunks"] == 0
+
+
+def test_the_driver_thread_runs_while_futures_are_pending_and_then_exits(tmp_path: Path) -> None:
+    started, gate = _files(tmp_path, "started", "gate")
+
+    def drivers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "fastpool-aio-driver"}
+
+    before = drivers()  # other tests' pools: theirs linger a moment
+    mine: set[threading.Thread] = set()
+    with make_pool(1) as pool:
+        async def main() -> None:
+            task = asyncio.create_task(pool.asubmit(_ux_tasks.gated, "v", started, gate))
+            await until(lambda: os.path.exists(started), "the task to start")
+            mine.update(drivers() - before)  # a future is pending: a thread drives the pool
+            open(gate, "w").close()
+            assert await task == "v"
+        run(main())
+    assert len(mine) == 1
+    wait_for(lambda: not any(t.is_alive() for t in mine), what="the asyncio driver thread to exit")
