@@ -368,7 +368,9 @@ class Pool(Executor):
             self._sup.kill_for_cancel(slot, future._task.wire)  # type: ignore[attr-defined]
         return outcome != "done"
 
-    @overload
+    # Narrower than Executor.map on purpose: at least one iterable (none is a TypeError
+    # at run time anyway), and fn's parameters checked against the iterables' items.
+    @overload  # type: ignore[override]
     def map(self, fn: Callable[[T1], R], it1: Iterable[T1], /, *, timeout: float | None = ...,
             chunksize: int | None = ..., progress: _progress.ProgressArg = ...) -> Iterator[R]: ...
     @overload
@@ -444,8 +446,12 @@ class Pool(Executor):
              chunksize: int | None = ..., ordered: bool = ..., force_cancel: bool = ...,
              progress: _progress.ProgressArg = ...) -> AsyncMap[R]: ...
     @overload
-    def amap(self, fn: Callable[..., R], it1: Iterable[Any], it2: Iterable[Any], it3: Iterable[Any], /,
-             *iterables: Iterable[Any], chunksize: int | None = ..., ordered: bool = ...,
+    def amap(self, fn: Callable[[T1, T2, T3], R], it1: Iterable[T1], it2: Iterable[T2], it3: Iterable[T3], /,
+             *, chunksize: int | None = ..., ordered: bool = ..., force_cancel: bool = ...,
+             progress: _progress.ProgressArg = ...) -> AsyncMap[R]: ...
+    @overload
+    def amap(self, fn: Callable[..., R], it1: Iterable[Any], it2: Iterable[Any], it3: Iterable[Any],
+             it4: Iterable[Any], /, *iterables: Iterable[Any], chunksize: int | None = ..., ordered: bool = ...,
              force_cancel: bool = ..., progress: _progress.ProgressArg = ...) -> AsyncMap[R]: ...
 
     def amap(self, fn: Callable[..., Any], *iterables: Iterable[Any], chunksize: int | None = None,
@@ -555,7 +561,8 @@ class Pool(Executor):
     @overload
     def empty(self, shape: ShapeLike, dtype: DTypeLike, order: Literal["C", "F"] = ...) -> NDArray[Any]: ...
 
-    def empty(self, shape: ShapeLike, dtype: DTypeLike = float, order: Literal["C", "F"] = "C") -> NDArray[Any]:
+    def empty(self, shape: ShapeLike, dtype: DTypeLike | None = float, order: Literal["C", "F"] = "C"
+              ) -> NDArray[Any]:
         """An uninitialised ndarray in this pool's shared memory (README "Shared arrays").
 
         Passing it, or any view of it, to a task moves a descriptor, not bytes; the
@@ -573,7 +580,8 @@ class Pool(Executor):
     @overload
     def zeros(self, shape: ShapeLike, dtype: DTypeLike, order: Literal["C", "F"] = ...) -> NDArray[Any]: ...
 
-    def zeros(self, shape: ShapeLike, dtype: DTypeLike = float, order: Literal["C", "F"] = "C") -> NDArray[Any]:
+    def zeros(self, shape: ShapeLike, dtype: DTypeLike | None = float, order: Literal["C", "F"] = "C"
+              ) -> NDArray[Any]:
         """Like ``empty``, filled with zeros; fails like ``empty``.  Thread-safe."""
         self._arrays_open()
         return _arena.new_array(self._arena, shape, dtype, order, True)
