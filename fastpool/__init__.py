@@ -51,6 +51,7 @@ else:
         WorkerHung,
         WorkerMemoryError,
     )
+    from fastpool._progress import progress
     from fastpool.pool import Pool, PoolOptions, task
 
     __all__ = [
@@ -59,6 +60,7 @@ else:
         "TaskFunction",
         "task",
         "cancelled",
+        "progress",
         "transfer",
         "shutdown_template",
         "FastPoolError",

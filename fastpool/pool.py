@@ -32,14 +32,33 @@ from collections import deque
 from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from itertools import islice
-from typing import Any, Callable, Iterable, Iterator
+from typing import (
+    TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Iterator, Literal, ParamSpec, Sequence, SupportsIndex,
+    TypeVar, Union, overload,
+)
 
-from fastpool import _arena, _call, _codec, _control, _dispatch, _policy, _sizing, _template, errors, telemetry
+from fastpool import (
+    _arena, _call, _codec, _control, _dispatch, _policy, _progress, _sizing, _template, errors, telemetry,
+)
 from fastpool._call import ChunkFailure, TaskFunction
 from fastpool._core import Board, check_ring_bytes
 from fastpool._supervisor import DEFAULT_START_TIMEOUT_S, STOP_GRACE_S, Supervisor
 
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike, DTypeLike, NDArray
+
+    from fastpool._aio import AsyncMap
+
 log = logging.getLogger("fastpool")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T1 = TypeVar("T1")
+T2 = TypeVar("T2")
+T3 = TypeVar("T3")
+S = TypeVar("S", bound="np.generic")
+ShapeLike = Union[SupportsIndex, Sequence[SupportsIndex]]
 
 DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched pages cost
 MAX_CHUNKSIZE = 8192
@@ -173,12 +192,12 @@ class Pool(Executor):
 
     def __init__(
         self,
-        workers: int | str | None = None,
+        workers: int | Literal["auto"] | None = None,
         *,
-        initializer: Callable[..., Any] | None = None,
-        initargs: tuple = (),
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
         max_queue: int | None = None,
-        on_full: str = "block",
+        on_full: Literal["block", "reject"] = "block",
         queue_timeout: float | None = None,
         task_timeout: float | None = None,
         hang_timeout: float | None = 60.0,
@@ -280,7 +299,7 @@ class Pool(Executor):
         """The number of worker slots (fixed for the pool's life).  Thread-safe."""
         return self._n
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+    def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Schedules ``fn(*args, **kwargs)`` in a worker and returns its Future.
 
         Raises ``PoolClosed`` after ``shutdown``, ``SerializationError`` if an argument
@@ -291,6 +310,20 @@ class Pool(Executor):
         if type(fn) is TaskFunction:
             return self._submit(fn.fn, args, kwargs, fn.options)
         return self._disp.submit(fn, args, kwargs, None)
+
+    def asubmit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        """``await pool.asubmit(fn, *args, **kwargs)``: ``submit`` for asyncio (README "asyncio").
+
+        Nothing happens until it is awaited.  While the queue is full the coroutine
+        waits for room without blocking the event loop.  Returns the task's result or
+        raises what ``submit`` and ``Future.result()`` raise (a pool-side
+        cancellation is ``concurrent.futures.CancelledError``).  Cancelling the
+        awaiting task cancels the pool task by ``cancel``'s rules: dropped if it has
+        not started, else its cancel flag is set (``options(force_cancel=True)``:
+        its worker is killed).  Thread-safe; each call belongs to the running loop."""
+        from fastpool import _aio
+
+        return _aio.submit(self, fn, args, kwargs, None, False)
 
     def _submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
                 options: _policy.TaskOptions | None) -> Future:
@@ -310,7 +343,7 @@ class Pool(Executor):
         return fut
 
     def options(self, *, pure: bool = False, timeout: float | None = None,
-                fallback: str | None = None) -> "PoolOptions":
+                fallback: Literal["inline"] | None = None, force_cancel: bool = False) -> "PoolOptions":
         """A view of this pool whose ``submit`` applies these supervision options.
 
         ``pure=True``: a task whose worker crashed is re-run once on a fresh worker;
@@ -318,10 +351,13 @@ class Pool(Executor):
         limit (``TaskTimeout``).  ``fallback="inline"``: run in the calling process
         when the pool cannot serve (every breaker open).  Options travel beside the
         call, so they never collide with the function's own keyword arguments.
-        Raises ValueError for bad options.  Thread-safe; the view may be shared."""
-        return PoolOptions(self, _policy.TaskOptions(pure=pure, timeout=timeout, fallback=fallback))
+        ``force_cancel=True``: cancelling a task awaiting the view's ``asubmit``
+        kills a running task's worker (``cancel(fut, force=True)``) instead of
+        setting its flag.  Raises ValueError for bad options.  Thread-safe; the
+        view may be shared."""
+        return PoolOptions(self, _policy.TaskOptions(pure=pure, timeout=timeout, fallback=fallback), force_cancel)
 
-    def cancel(self, future: Future, *, force: bool = False) -> bool:
+    def cancel(self, future: Future[Any], *, force: bool = False) -> bool:
         """Cancels a task, whether it is queued, prefetched by a worker, or running.
 
         Queued or prefetched (a worker holds it but has not started it): dropped,
@@ -341,8 +377,26 @@ class Pool(Executor):
             self._sup.kill_for_cancel(slot, future._task.wire)  # type: ignore[attr-defined]
         return outcome != "done"
 
+    # Narrower than Executor.map on purpose: at least one iterable (none is a TypeError
+    # at run time anyway), and fn's parameters checked against the iterables' items.
+    @overload  # type: ignore[override]
+    def map(self, fn: Callable[[T1], R], it1: Iterable[T1], /, *, timeout: float | None = ...,
+            chunksize: int | None = ..., progress: _progress.ProgressArg = ...) -> Iterator[R]: ...
+    @overload
+    def map(self, fn: Callable[[T1, T2], R], it1: Iterable[T1], it2: Iterable[T2], /, *,
+            timeout: float | None = ..., chunksize: int | None = ...,
+            progress: _progress.ProgressArg = ...) -> Iterator[R]: ...
+    @overload
+    def map(self, fn: Callable[[T1, T2, T3], R], it1: Iterable[T1], it2: Iterable[T2], it3: Iterable[T3], /,
+            *, timeout: float | None = ..., chunksize: int | None = ...,
+            progress: _progress.ProgressArg = ...) -> Iterator[R]: ...
+    @overload
+    def map(self, fn: Callable[..., R], it1: Iterable[Any], it2: Iterable[Any], it3: Iterable[Any],
+            it4: Iterable[Any], /, *iterables: Iterable[Any], timeout: float | None = ...,
+            chunksize: int | None = ..., progress: _progress.ProgressArg = ...) -> Iterator[R]: ...
+
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
-            chunksize: int | None = None) -> Iterator[Any]:
+            chunksize: int | None = None, progress: _progress.ProgressArg = None) -> Iterator[Any]:
         """Like ``Executor.map``, but lazy: at most a window of chunks is in flight.
 
         Results come in input order; the first exception raised by ``fn`` is raised
@@ -350,35 +404,82 @@ class Pool(Executor):
         ``chunksize=None`` picks one from the input length (or adapts to the measured
         run time when the length is unknown).  ``timeout`` counts from this call;
         on ``TimeoutError`` or when the iterator is closed early, chunks not yet
-        run are cancelled.  Raises PoolClosed, SerializationError as ``submit``.
-        Thread-safe to call; each iterator belongs to one consuming thread."""
+        run are cancelled.  ``progress``: True or "tqdm" (``tqdm.auto``), "rich",
+        or a ``callable(done, total)`` counting finished items (README "Progress
+        bars"); ImportError naming the extra when tqdm is missing.  Raises
+        PoolClosed, SerializationError as ``submit``.  Thread-safe to call; each
+        iterator belongs to one consuming thread."""
         chunks, fn, star, adaptive = self._chunks(fn, iterables, chunksize)
+        counter = None if progress is None else _progress.open_counter(
+            progress, _progress.total_of(iterables), getattr(fn, "__name__", None))
         deadline = None if timeout is None else _now() + timeout
         pending: deque[Future] = deque()
-        submit_next = _Feeder(self._disp, fn, chunks, star, pending.append)
+        sink = pending.append if counter is None else _progress.tracking(counter, pending.append)
+        submit_next = _Feeder(self._disp, fn, chunks, star, sink)
         for _ in range(self._window(chunks.size)):
             if not submit_next():
                 break
-        return _ResultIterator.over(_ordered(pending, submit_next, deadline, chunks if adaptive else None))
+        stream = _ordered(pending, submit_next, deadline, chunks if adaptive else None)
+        return _ResultIterator.over(stream if counter is None else _progress.closing(counter, stream))
 
-    def imap_unordered(self, fn: Callable[..., Any], iterable: Iterable[Any],
-                       chunksize: int | None = None) -> Iterator[Any]:
+    def imap_unordered(self, fn: Callable[[T1], R], iterable: Iterable[T1],
+                       chunksize: int | None = None, *, progress: _progress.ProgressArg = None) -> Iterator[R]:
         """Like ``map`` for one iterable, yielding results as their chunks complete.
 
-        An exception from ``fn`` is raised when its chunk completes.  Thread-safe to
-        call; each iterator belongs to one consuming thread."""
+        An exception from ``fn`` is raised when its chunk completes.  ``progress`` as
+        for ``map``.  Thread-safe to call; each iterator belongs to one consuming
+        thread."""
         chunks, fn, _star, _adaptive = self._chunks(fn, (iterable,), chunksize)
+        counter = None if progress is None else _progress.open_counter(
+            progress, _progress.total_of((iterable,)), getattr(fn, "__name__", None))
         done: deque[Future] = deque()
         pending: set[Future] = set()
 
         def track(fut: Future) -> None:
             pending.add(fut)
             fut.add_done_callback(done.append)
-        submit_next = _Feeder(self._disp, fn, chunks, False, track)
+        submit_next = _Feeder(self._disp, fn, chunks, False,
+                              track if counter is None else _progress.tracking(counter, track))
         for _ in range(self._window(chunks.size)):
             if not submit_next():
                 break
-        return _ResultIterator.over(_unordered(self._disp, pending, done, submit_next))
+        stream = _unordered(self._disp, pending, done, submit_next)
+        return _ResultIterator.over(stream if counter is None else _progress.closing(counter, stream))
+
+    @overload
+    def amap(self, fn: Callable[[T1], R], it1: Iterable[T1], /, *, chunksize: int | None = ...,
+             ordered: bool = ..., force_cancel: bool = ..., progress: _progress.ProgressArg = ...
+             ) -> AsyncMap[R]: ...
+    @overload
+    def amap(self, fn: Callable[[T1, T2], R], it1: Iterable[T1], it2: Iterable[T2], /, *,
+             chunksize: int | None = ..., ordered: bool = ..., force_cancel: bool = ...,
+             progress: _progress.ProgressArg = ...) -> AsyncMap[R]: ...
+    @overload
+    def amap(self, fn: Callable[[T1, T2, T3], R], it1: Iterable[T1], it2: Iterable[T2], it3: Iterable[T3], /,
+             *, chunksize: int | None = ..., ordered: bool = ..., force_cancel: bool = ...,
+             progress: _progress.ProgressArg = ...) -> AsyncMap[R]: ...
+    @overload
+    def amap(self, fn: Callable[..., R], it1: Iterable[Any], it2: Iterable[Any], it3: Iterable[Any],
+             it4: Iterable[Any], /, *iterables: Iterable[Any], chunksize: int | None = ..., ordered: bool = ...,
+             force_cancel: bool = ..., progress: _progress.ProgressArg = ...) -> AsyncMap[R]: ...
+
+    def amap(self, fn: Callable[..., Any], *iterables: Iterable[Any], chunksize: int | None = None,
+             ordered: bool = True, force_cancel: bool = False,
+             progress: _progress.ProgressArg = None) -> AsyncMap[Any]:
+        """``async for r in pool.amap(fn, items)``: ``map`` for asyncio (README "asyncio").
+
+        Results in input order, or as chunks finish with ``ordered=False`` (one
+        iterable only).  A window of chunks is in flight; a full queue makes it
+        wait without blocking the loop.  A failing item's exception is raised at
+        its position, after the results before it.  Ending early (``break``,
+        ``aclose()``, leaving ``async with``, cancellation, an error) cancels the
+        chunks not finished by ``cancel``'s rules (``force_cancel=True``: running
+        ones are killed).  ``progress`` as for ``map``.  Raises PoolClosed,
+        TypeError, ValueError at once; the input is read as chunks are submitted.
+        Each iterator belongs to one task on one loop."""
+        from fastpool import _aio
+
+        return _aio.AsyncMap(self, fn, iterables, chunksize, ordered, force_cancel, progress)
 
     def _window(self, chunksize: int) -> int:
         """Chunks in flight: two per worker and two spare, and for small chunks enough
@@ -466,7 +567,16 @@ class Pool(Executor):
 
     # ---- shared arrays -------------------------------------------------------------
 
-    def empty(self, shape: Any, dtype: Any = float, order: str = "C") -> Any:
+    @overload
+    def empty(self, shape: ShapeLike, dtype: None = ..., order: Literal["C", "F"] = ...) -> NDArray[np.float64]: ...
+    @overload
+    def empty(self, shape: ShapeLike, dtype: type[S] | np.dtype[S], order: Literal["C", "F"] = ...
+              ) -> NDArray[S]: ...
+    @overload
+    def empty(self, shape: ShapeLike, dtype: DTypeLike, order: Literal["C", "F"] = ...) -> NDArray[Any]: ...
+
+    def empty(self, shape: ShapeLike, dtype: DTypeLike | None = float, order: Literal["C", "F"] = "C"
+              ) -> NDArray[Any]:
         """An uninitialised ndarray in this pool's shared memory (README "Shared arrays").
 
         Passing it, or any view of it, to a task moves a descriptor, not bytes; the
@@ -476,12 +586,26 @@ class Pool(Executor):
         self._arrays_open()
         return _arena.new_array(self._arena, shape, dtype, order)
 
-    def zeros(self, shape: Any, dtype: Any = float, order: str = "C") -> Any:
+    @overload
+    def zeros(self, shape: ShapeLike, dtype: None = ..., order: Literal["C", "F"] = ...) -> NDArray[np.float64]: ...
+    @overload
+    def zeros(self, shape: ShapeLike, dtype: type[S] | np.dtype[S], order: Literal["C", "F"] = ...
+              ) -> NDArray[S]: ...
+    @overload
+    def zeros(self, shape: ShapeLike, dtype: DTypeLike, order: Literal["C", "F"] = ...) -> NDArray[Any]: ...
+
+    def zeros(self, shape: ShapeLike, dtype: DTypeLike | None = float, order: Literal["C", "F"] = "C"
+              ) -> NDArray[Any]:
         """Like ``empty``, filled with zeros; fails like ``empty``.  Thread-safe."""
         self._arrays_open()
         return _arena.new_array(self._arena, shape, dtype, order, True)
 
-    def share(self, arr: Any, readonly: bool = False) -> Any:
+    @overload
+    def share(self, arr: NDArray[S], readonly: bool = ...) -> NDArray[S]: ...
+    @overload
+    def share(self, arr: ArrayLike, readonly: bool = ...) -> NDArray[Any]: ...
+
+    def share(self, arr: ArrayLike, readonly: bool = False) -> NDArray[Any]:
         """A copy of ``arr`` in this pool's shared memory (the one copy in).
 
         ``readonly=True``: the copy, and every view of it a worker receives, is not
@@ -494,8 +618,16 @@ class Pool(Executor):
             raise errors.PoolClosed("this pool was shut down: its shared memory takes no new arrays")
 
 
-def task(fn: Callable[..., Any] | None = None, *, pure: bool = False, timeout: float | None = None,
-         fallback: str | None = None) -> Any:
+@overload
+def task(fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
+@overload
+def task(*, pure: bool = ..., timeout: float | None = ...,
+         fallback: Literal["inline"] | None = ...) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
+
+
+def task(fn: Callable[P, R] | None = None, *, pure: bool = False, timeout: float | None = None,
+         fallback: Literal["inline"] | None = None
+         ) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
     """Decorator: ``@fastpool.task(pure=True, timeout=5, fallback="inline")``.
 
     Attaches supervision options to a function; every pool that runs it applies
@@ -509,15 +641,22 @@ def task(fn: Callable[..., Any] | None = None, *, pure: bool = False, timeout: f
 class PoolOptions:
     """``pool.options(...)``: the same pool, with supervision options on each call."""
 
-    def __init__(self, pool: Pool, options: _policy.TaskOptions) -> None:
+    def __init__(self, pool: Pool, options: _policy.TaskOptions, force_cancel: bool = False) -> None:
         self._pool = pool
         self._options = options
+        self._force_cancel = force_cancel
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+    def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """``Pool.submit`` with these options.  Thread-safe."""
         if type(fn) is TaskFunction:
             fn = fn.fn
         return self._pool._submit(fn, args, kwargs, self._options)
+
+    def asubmit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        """``Pool.asubmit`` with these options (and ``force_cancel``)."""
+        from fastpool import _aio
+
+        return _aio.submit(self._pool, fn, args, kwargs, self._options, self._force_cancel)
 
 
 # ---- map's machinery ------------------------------------------------------------------
