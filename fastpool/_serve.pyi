@@ -5,5 +5,6 @@ from fastpool._core import Board
 EXIT_STOPPED: int
 EXIT_RESULT_STUCK: int
 EXIT_TASK_RING_CORRUPT: int
+EXIT_ARENA_CORRUPT: int
 
 def serve(board: Board, slot: int, parent_pid: int, spin_s: float, pop_slice_s: float) -> int: ...
