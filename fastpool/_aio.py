@@ -183,7 +183,7 @@ class Gate:
             try:
                 return submit()
             except errors.QueueFull:
-                pass  # on_full="reject" and a thread took the last place: park
+                pass  # a thread took the last place: park (submit(wait=False) never blocks)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Any] = loop.create_future()
         self.waiters.append((waiter, submit))
@@ -264,7 +264,8 @@ async def submit(pool: Any, fn: Any, args: tuple[Any, ...], kwargs: dict[str, An
         fn, options = fn.fn, options if options is not None else fn.options
     gate = gate_of(pool)
     try:
-        fut = await gate.admit(functools.partial(pool._disp.submit, fn, args, kwargs, options), pool, force)
+        fut = await gate.admit(functools.partial(pool._disp.submit, fn, args, kwargs, options, False), pool,
+                               force)
     except errors.CircuitOpen:
         if options is None or options.fallback != "inline":
             raise
@@ -387,7 +388,7 @@ class AsyncMap(Generic[R]):
             if chunk is None:
                 self._exhausted = True
                 break
-            fut = await landing.gate.admit(functools.partial(disp.submit_chunk, fn, chunk, star),
+            fut = await landing.gate.admit(functools.partial(disp.submit_chunk, fn, chunk, star, False),
                                            self._pool, self._force)
             if self._closed:  # cancelled meanwhile by close() from elsewhere
                 self._pool.cancel(fut, force=self._force)

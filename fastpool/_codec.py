@@ -29,7 +29,12 @@ import sys
 import traceback
 import types
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+A = TypeVar("A", bound="NDArray[Any]")  # transfer() hands back the array it was given
 
 from fastpool import errors
 
@@ -156,7 +161,7 @@ def _np_ndarray() -> Any:
     return _ndarray
 
 
-def transfer(arr: Any) -> Any:
+def transfer(arr: A) -> A:
     """Marks a shared array as handed to the next task (or result) it is sent with.
 
     Once that call is submitted (or that result returned), this handle is detached:

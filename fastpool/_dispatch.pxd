@@ -68,7 +68,7 @@ cdef class Dispatch:
 
     cdef int _acquire(self) except -1
     cdef int _collect_if_free(self) except -1
-    cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items)
+    cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items, bint wait)
     cdef int _drop_locked(self, Task task) except -1
     cdef int _mark_corrupt(self, int s, str what) except -1
     cdef int _sample(self, Task task, int64_t run_ns) except -1
@@ -78,7 +78,7 @@ cdef class Dispatch:
     cdef object _drive_until(self, object fut, object pred, object timeout)
     cdef void _release(self) noexcept
     cdef Fn _fn(self, object fn)
-    cdef object _enqueue(self, Task task)
+    cdef object _enqueue(self, Task task, bint wait)
     cdef int _pick(self) except -2
     cdef bint _accepts(self, int s) except -1
     cdef void _to_idle(self, int s) noexcept

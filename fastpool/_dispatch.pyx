@@ -241,10 +241,11 @@ cdef class Dispatch:
             self._fns_by_obj[fn] = f
         return f
 
-    def submit(self, fn, tuple args, dict kwargs, options=None):
+    def submit(self, fn, tuple args, dict kwargs, options=None, bint wait=True):
         """Queues fn(*args, **kwargs); returns its PoolFuture.  Raises before
         anything is queued: PoolClosed, SerializationError (naming the bad
-        argument), QueueFull, CircuitOpen."""
+        argument), QueueFull (at once when wait is False, whatever on_full
+        says: asyncio's admission must never block its loop), CircuitOpen."""
         if self._closed:
             raise errors.PoolClosed()
         cdef Fn f = self._fn(fn)
@@ -276,9 +277,9 @@ cdef class Dispatch:
             if keep:
                 task.keep = keep
                 task.transferred = _TRANSFERRED in keep
-        return self._submit_task(task, f, options, 0)
+        return self._submit_task(task, f, options, 0, wait)
 
-    def submit_chunk(self, fn, items, bint star):
+    def submit_chunk(self, fn, items, bint star, bint wait=True):
         """Queues one map chunk: fn(item) (or fn(*item)) for each item, in a worker."""
         if self._closed:
             raise errors.PoolClosed()
@@ -290,9 +291,9 @@ cdef class Dispatch:
         if keep:
             task.keep = keep
             task.transferred = _TRANSFERRED in keep
-        return self._submit_task(task, f, None, len(items))
+        return self._submit_task(task, f, None, len(items), wait)
 
-    cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items):
+    cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items, bint wait):
         cdef Py_ssize_t size = PyBytes_GET_SIZE(f.data) + PyBytes_GET_SIZE(task.args)
         if <uint64_t>size > self.board.max_record:
             raise ring_limit_error(f"the call of {f.name!r}", size, self.board.max_record,
@@ -305,12 +306,12 @@ cdef class Dispatch:
         task.t_submit = fp_now_ns()
         fut = new_future(self, self._fcond, task)
         task.future = fut
-        self._enqueue(task)
+        self._enqueue(task, wait)
         self._last_fg = task.t_submit
         self._collect_if_free()
         return fut
 
-    cdef object _enqueue(self, Task task):
+    cdef object _enqueue(self, Task task, bint wait):
         global _next_task_id
         cdef unsigned long me = PyThread_get_thread_ident()
         cdef double deadline = -1.0, left
@@ -326,7 +327,7 @@ cdef class Dispatch:
                         raise exc
                 if len(self._queue) < self.max_queue or self._driver == me:
                     break  # a callback on the driving thread never blocks: it would wait on itself
-                if self._reject:
+                if self._reject or not wait:
                     raise errors.QueueFull(self.max_queue)
                 if deadline < 0 and self._queue_timeout >= 0:
                     deadline = fp_now_ns() * 1e-9 + self._queue_timeout
