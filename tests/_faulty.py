@@ -206,3 +206,62 @@ def scribble(target, value, hold_s=0.0):
     while time.monotonic() < deadline:
         time.sleep(0.01)
     return target
+
+
+# ---- side effects a test can count (issue 9: no task runs twice) ---------------------
+
+
+def append_id(path, i):
+    """Appends ``i`` and a newline to ``path`` in one O_APPEND write (atomic between
+    processes for a line this short), then returns i: each run of the task leaves one
+    line, so a task run twice shows up twice."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{i}\n".encode())
+    finally:
+        os.close(fd)
+    return i
+
+
+def append_id_then_die(path, i, pad=None):
+    """Records its run like ``append_id``, then SIGKILLs its own worker.  ``pad``
+    is ignored: it only makes the call's record as large as the caller wants."""
+    append_id(path, i)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def appended_ids(path):
+    """The ids ``append_id`` wrote to ``path``, in write order ([] before the first)."""
+    try:
+        with open(path) as f:
+            return [int(line) for line in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def append_id_padded(path, i, pad):
+    """``append_id``, returning [i, pad]: records as large as the caller wants on
+    both rings (see test_deaths_under_load: a ring that emptied at a small offset
+    holds one record until its reader catches up)."""
+    append_id(path, i)
+    return [i, pad]
+
+
+def announce_then_gate(started, path, nbytes=0, limit_s=30.0):
+    """Creates ``started`` (the task is running: its record has left the task ring),
+    then holds its worker until ``path`` exists (at most limit_s); returns
+    ``"p" * nbytes``, a result as large as asked for from a small call."""
+    with open(started, "w"):
+        pass
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} was never opened")
+        time.sleep(0.002)
+    return "p" * nbytes
+
+
+def announce_then_gate_then_die(started, path, limit_s=30.0):
+    """``announce_then_gate``, then SIGKILLs its own worker once the gate opens."""
+    announce_then_gate(started, path, 0, limit_s)
+    os.kill(os.getpid(), signal.SIGKILL)
