@@ -265,3 +265,15 @@ def announce_then_gate_then_die(started, path, limit_s=30.0):
     """``announce_then_gate``, then SIGKILLs its own worker once the gate opens."""
     announce_then_gate(started, path, 0, limit_s)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def gated_initializer(starts, path, limit_s=30.0):
+    """An initializer that records each start (its pid, one O_APPEND line in
+    ``starts``), then waits for ``path`` (at most limit_s): one that never returns
+    unless the test opens the gate."""
+    append_id(starts, os.getpid())
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} was never opened")
+        time.sleep(0.002)
