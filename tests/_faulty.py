@@ -277,3 +277,51 @@ def gated_initializer(starts, path, limit_s=30.0):
         if time.monotonic() > deadline:
             raise TimeoutError(f"gate {path} was never opened")
         time.sleep(0.002)
+
+
+# ---- results nobody decodes: their shared blocks must still be released ---------------
+
+
+def cooperative_array(started, nbytes, limit_s=30.0):
+    """Creates ``started``, waits until fastpool.cancelled() (at most limit_s), then
+    returns an array of nbytes: large enough to travel in the worker's arena region
+    with a handoff reference, for a future that is cancelled and never reads it."""
+    import numpy as np
+
+    import fastpool
+
+    with open(started, "w"):
+        pass
+    deadline = time.monotonic() + limit_s
+    while not fastpool.cancelled() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return np.ones(nbytes // 8)
+
+
+def array_with_a_big_pickle(nbytes, nitems):
+    """An array that travels by descriptor (a block handed to the parent) beside a
+    list whose pickle is too big for a small ring: the result never fits."""
+    import numpy as np
+
+    return np.ones(nbytes // 8), list(range(nitems))
+
+
+def unknown_array_reply(task_id, nbytes):
+    """Publishes, from inside a task, an OK reply with an arena array for a task id
+    this worker never got (the parent drops it as unknown, unread)."""
+    import numpy as np
+
+    from fastpool import _call, _codec
+
+    board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
+    return board.push_result(slot, _codec.R_OK, task_id, 0, _codec.encode_result(np.ones(nbytes // 8)))
+
+
+def unrebuildable_then_array(nbytes):
+    """A result that pickles in the worker but fails to unpickle in the parent
+    (TwoArgError cannot be rebuilt) before it reaches the array after it."""
+    import numpy as np
+
+    from _tasks import TwoArgError
+
+    return TwoArgError("cannot come back", 7), np.ones(nbytes // 8)
