@@ -325,3 +325,16 @@ def unrebuildable_then_array(nbytes):
     from _tasks import TwoArgError
 
     return TwoArgError("cannot come back", 7), np.ones(nbytes // 8)
+
+
+def gate_or_expire(path, expired, limit_s):
+    """Holds its worker until ``path`` exists; after limit_s it creates ``expired``
+    and returns: the file says a task ran to its end rather than being stopped."""
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            with open(expired, "w"):
+                pass
+            return "expired"
+        time.sleep(0.005)
+    return "opened"
