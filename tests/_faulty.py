@@ -338,3 +338,8 @@ def gate_or_expire(path, expired, limit_s):
             return "expired"
         time.sleep(0.005)
     return "opened"
+
+
+def nbytes_of(data):
+    """len(data), and a bytes result of that length back: a record of that size each way."""
+    return bytes(len(data))
