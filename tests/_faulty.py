@@ -206,3 +206,140 @@ def scribble(target, value, hold_s=0.0):
     while time.monotonic() < deadline:
         time.sleep(0.01)
     return target
+
+
+# ---- side effects a test can count (issue 9: no task runs twice) ---------------------
+
+
+def append_id(path, i):
+    """Appends ``i`` and a newline to ``path`` in one O_APPEND write (atomic between
+    processes for a line this short), then returns i: each run of the task leaves one
+    line, so a task run twice shows up twice."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{i}\n".encode())
+    finally:
+        os.close(fd)
+    return i
+
+
+def append_id_then_die(path, i, pad=None):
+    """Records its run like ``append_id``, then SIGKILLs its own worker.  ``pad``
+    is ignored: it only makes the call's record as large as the caller wants."""
+    append_id(path, i)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def appended_ids(path):
+    """The ids ``append_id`` wrote to ``path``, in write order ([] before the first)."""
+    try:
+        with open(path) as f:
+            return [int(line) for line in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def append_id_padded(path, i, pad):
+    """``append_id``, returning [i, pad]: records as large as the caller wants on
+    both rings (see test_deaths_under_load: a ring that emptied at a small offset
+    holds one record until its reader catches up)."""
+    append_id(path, i)
+    return [i, pad]
+
+
+def announce_then_gate(started, path, nbytes=0, limit_s=30.0):
+    """Creates ``started`` (the task is running: its record has left the task ring),
+    then holds its worker until ``path`` exists (at most limit_s); returns
+    ``"p" * nbytes``, a result as large as asked for from a small call."""
+    with open(started, "w"):
+        pass
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} was never opened")
+        time.sleep(0.002)
+    return "p" * nbytes
+
+
+def announce_then_gate_then_die(started, path, limit_s=30.0):
+    """``announce_then_gate``, then SIGKILLs its own worker once the gate opens."""
+    announce_then_gate(started, path, 0, limit_s)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def gated_initializer(starts, path, limit_s=30.0):
+    """An initializer that records each start (its pid, one O_APPEND line in
+    ``starts``), then waits for ``path`` (at most limit_s): one that never returns
+    unless the test opens the gate."""
+    append_id(starts, os.getpid())
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} was never opened")
+        time.sleep(0.002)
+
+
+# ---- results nobody decodes: their shared blocks must still be released ---------------
+
+
+def cooperative_array(started, nbytes, limit_s=30.0):
+    """Creates ``started``, waits until fastpool.cancelled() (at most limit_s), then
+    returns an array of nbytes: large enough to travel in the worker's arena region
+    with a handoff reference, for a future that is cancelled and never reads it."""
+    import numpy as np
+
+    import fastpool
+
+    with open(started, "w"):
+        pass
+    deadline = time.monotonic() + limit_s
+    while not fastpool.cancelled() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return np.ones(nbytes // 8)
+
+
+def array_with_a_big_pickle(nbytes, nitems):
+    """An array that travels by descriptor (a block handed to the parent) beside a
+    list whose pickle is too big for a small ring: the result never fits."""
+    import numpy as np
+
+    return np.ones(nbytes // 8), list(range(nitems))
+
+
+def unknown_array_reply(task_id, nbytes):
+    """Publishes, from inside a task, an OK reply with an arena array for a task id
+    this worker never got (the parent drops it as unknown, unread)."""
+    import numpy as np
+
+    from fastpool import _call, _codec
+
+    board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
+    return board.push_result(slot, _codec.R_OK, task_id, 0, _codec.encode_result(np.ones(nbytes // 8)))
+
+
+def unrebuildable_then_array(nbytes):
+    """A result that pickles in the worker but fails to unpickle in the parent
+    (TwoArgError cannot be rebuilt) before it reaches the array after it."""
+    import numpy as np
+
+    from _tasks import TwoArgError
+
+    return TwoArgError("cannot come back", 7), np.ones(nbytes // 8)
+
+
+def gate_or_expire(path, expired, limit_s):
+    """Holds its worker until ``path`` exists; after limit_s it creates ``expired``
+    and returns: the file says a task ran to its end rather than being stopped."""
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            with open(expired, "w"):
+                pass
+            return "expired"
+        time.sleep(0.005)
+    return "opened"
+
+
+def nbytes_of(data):
+    """len(data), and a bytes result of that length back: a record of that size each way."""
+    return bytes(len(data))

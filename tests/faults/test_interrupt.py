@@ -1,0 +1,114 @@
+"""Ctrl-C in a script waiting inside ``with fastpool.Pool() as pool:`` (issue 9, section 5).
+
+One SIGINT -- sent to the script, or to its process group as a terminal does --
+must end the script promptly with KeyboardInterrupt: ``__exit__`` cancels the
+queue and interrupts the running tasks instead of waiting for them, and no
+worker or template outlives the script.  The gated tasks here end on their own
+after GATE_LIMIT_S, leaving a file that says so; the script must be gone before
+any of them gets there.  (ProcessPoolExecutor gets there
+because its workers share the terminal's process group and get the SIGINT too;
+fastpool's template and workers live in their own session, so the pool itself
+has to interrupt them.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from _waiting import wait_gone
+
+pytestmark = [pytest.mark.faults, pytest.mark.linux]
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GATE_LIMIT_S = 8.0  # the gated tasks end on their own after this long (a fixed pool: ~0.5 s)
+EXIT_DEADLINE_S = 60  # only a guard: the claim is the expiry file below
+
+_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import fastpool, _faulty
+    from fastpool import _template
+
+    def wait_busy(pool):
+        deadline = time.monotonic() + 60
+        while sum(bool(w["current_task"]) for w in pool.stats()["workers"]) < 2:
+            assert time.monotonic() < deadline, pool.stats()["workers"]
+            time.sleep(0.01)
+        print("ready", _template.template().pid, *pool.pids(), flush=True)
+
+    if __name__ == "__main__":
+        gate, expired = sys.argv[1], sys.argv[2]
+        {body}
+        print("the pool ended without an interrupt", flush=True)
+""")
+
+
+_WITH = """with fastpool.Pool(2) as pool:
+        futs = [pool.submit(_faulty.gate_or_expire, gate, expired, {limit}) for i in range(6)]
+        wait_busy(pool)
+        futs[0].result()"""
+
+# No ``with``: the pool is shut down by fastpool's atexit hook after the
+# KeyboardInterrupt has ended the script's main code.
+_NO_WITH = """pool = fastpool.Pool(2)
+    futs = [pool.submit(_faulty.gate_or_expire, gate, expired, {limit}) for i in range(6)]
+    wait_busy(pool)
+    futs[0].result()"""
+
+
+def _interrupt_once(tmp_path, body: str, to_group: bool) -> None:
+    """Runs the script, sends one SIGINT when both workers are busy, and checks it
+    ended with KeyboardInterrupt, before any task ran to its end, leaving nothing."""
+    script, expired = tmp_path / "ctrl_c.py", tmp_path / "a-task-ran-to-its-end"
+    script.write_text(_SCRIPT.format(tests=TESTS_DIR, body=body.format(limit=GATE_LIMIT_S)))
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "never-opened"), str(expired)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, as a terminal job
+    pids: list[int] = []
+    try:
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["ready"], (line, proc.stderr.read() if proc.poll() is not None else "")
+        pids = [int(x) for x in line[1:]]
+        assert len(pids) == 3  # the template and two busy workers
+        if to_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
+        # One SIGINT only: a second Ctrl-C must never be needed.
+        out, err = proc.communicate(timeout=EXIT_DEADLINE_S)
+        assert not expired.exists(), "the script waited for its tasks to end"
+        assert "KeyboardInterrupt" in err, err
+        assert proc.returncode in (-signal.SIGINT, 1, 130), (proc.returncode, err)
+        assert "without an interrupt" not in out
+        assert err.count("Traceback") == 1, err  # the interrupt's; nothing from the teardown
+        wait_gone(pids)  # workers and template exit with it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-the-parent", "to-its-process-group"])
+def test_one_ctrl_c_ends_a_script_waiting_in_a_with_pool_and_leaves_no_process(tmp_path, to_group):
+    _interrupt_once(tmp_path, _WITH, to_group)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="bug: after Ctrl-C outside a with block, the atexit hook's "
+                                       "shutdown(wait=True) waits for every running task")
+def test_one_ctrl_c_ends_a_script_waiting_on_a_pool_without_with(tmp_path):
+    """A terminal's Ctrl-C reaches the whole foreground group; fastpool's workers
+    are not in it, so only the pool can stop them."""
+    _interrupt_once(tmp_path, _NO_WITH, to_group=True)

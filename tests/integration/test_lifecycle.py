@@ -1,0 +1,109 @@
+"""A pool nobody shuts down is collected and shuts itself down (issue 9, section 5).
+
+Like ProcessPoolExecutor: the pool's threads and the dispatcher hold no reference
+to the Pool object, so when the caller drops it, it is garbage collected and its
+finalizer starts the shutdown.  Its workers exit and its threads end; futures the
+caller still holds keep (or still get) their results.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+from _faulty import announce_then_gate, double
+from _waiting import wait_for, wait_gone, wait_workers_ready
+
+import fastpool
+
+
+def _pool_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("fastpool-")]
+
+
+def _dropped(make) -> tuple[weakref.ref, list[int], object]:
+    """Runs make(pool) on a fresh pool inside a frame that then ends; returns a weak
+    reference to the pool, its workers' pids and whatever make returned."""
+    pool = fastpool.Pool(2)
+    pids = wait_workers_ready(pool)
+    kept = make(pool)
+    return weakref.ref(pool), pids, kept
+
+
+def _collected(ref: weakref.ref, pids: list[int]) -> None:
+    gc.collect()
+    assert ref() is None, gc.get_referrers(ref())
+    wait_gone(pids)
+    wait_for(lambda: not _pool_threads(), what=lambda: f"the pool's threads to end: {_pool_threads()}")
+
+
+def test_a_dropped_pool_is_collected_and_its_workers_exit():
+    assert _pool_threads() == []
+
+    def use(pool):
+        assert pool.submit(double, 21).result(timeout=30) == 42
+        assert list(pool.map(double, range(10))) == [2 * i for i in range(10)]
+
+    ref, pids, _ = _dropped(use)
+    _collected(ref, pids)
+
+
+def test_a_dropped_pool_whose_finished_future_the_caller_holds_is_collected():
+    def use(pool):
+        fut = pool.submit(double, 21)
+        assert fut.result(timeout=30) == 42
+        return fut
+
+    ref, pids, fut = _dropped(use)
+    _collected(ref, pids)
+    assert fut.result(timeout=0) == 42 and fut.done()
+
+
+def test_a_dropped_pool_finishes_running_tasks_and_cancels_queued_ones(tmp_path):
+    """Collected while both workers run gated tasks and more wait in the queue:
+    the finalizer's shutdown cancels the queue (shutdown(cancel_futures=True)),
+    and the running tasks still settle with their results."""
+    opener = tmp_path / "open"
+
+    def use(pool):
+        running = []
+        for i in range(2):
+            started = tmp_path / f"started-{i}"
+            running.append(pool.submit(announce_then_gate, str(started), str(opener), 3))
+            wait_for(started.exists, what=f"gated task {i} to start")
+        queued = [pool.submit(double, i) for i in range(20)]
+        assert pool.stats()["queued"] == 20  # no short task ran yet: nothing is prefetched
+        return running, queued
+
+    ref, pids, (running, queued) = _dropped(use)
+    gc.collect()
+    assert ref() is None  # collected while its tasks still run
+    assert all(f.cancelled() for f in queued)
+    opener.touch()
+    assert [f.result(timeout=30) for f in running] == ["ppp", "ppp"]
+    wait_gone(pids)
+    wait_for(lambda: not _pool_threads(), what=lambda: f"the pool's threads to end: {_pool_threads()}")
+
+
+def test_a_pool_dropped_without_any_task_is_collected():
+    ref, pids, _ = _dropped(lambda pool: None)
+    _collected(ref, pids)
+
+
+def test_arrays_a_collected_pool_handed_out_stay_valid():
+    """Arrays it handed out stay valid after the collection (README: Shared arrays)."""
+    def use(pool):
+        arr = pool.zeros(1 << 17)
+        arr[:] = 3
+        return arr
+
+    ref, pids, arr = _dropped(use)
+    _collected(ref, pids)
+    assert arr.sum() == 3 * (1 << 17)
+
+
+def test_pools_made_and_dropped_in_a_loop_do_not_accumulate():
+    for _ in range(3):
+        ref, pids, _ = _dropped(lambda pool: pool.submit(double, 1).result(timeout=30))
+        _collected(ref, pids)
