@@ -15,10 +15,11 @@
  * starts at offset 0.  A PAD always runs to the end of the data, so the
  * consumer skips to the next multiple of the capacity and never reads the
  * PAD's length: nothing in the format is 32-bit but a record's own length.
- * When the ring is empty the producer also jumps back to offset 0, so a steady
- * stream of small records keeps touching the same few pages (first touch of
- * fresh shared pages is what costs, not the copy).  Records are limited to
- * capacity/2 so that an empty ring always fits one.
+ * When the ring is empty and the producer is far into it (fp_ring_restart_bytes)
+ * it also jumps back to offset 0, so a steady stream of small records keeps
+ * touching the same warm pages (first touch of fresh shared pages is what
+ * costs, not the copy).  Records are limited to capacity/2 so that an empty
+ * ring always fits one.
  *
  * Trust.  The shared header and data are writable by the other process, which
  * runs arbitrary code.  Each side therefore works through an fp_ringv_t, a
@@ -87,6 +88,13 @@ static inline uint64_t fp_ring_max_record_for(uint64_t cap)
 
 static inline int fp_ring_capacity_ok(uint64_t cap) { return cap >= 4096 && cap % 8 == 0; }
 
+/* An empty ring restarts at offset 0 only once the producer is this far in:
+ * a steady stream of small records then keeps to the first megabyte of warm
+ * pages, and the restart (whose skipped bytes stay in use until the consumer
+ * passes them) still leaves at least this much room, so a producer can queue
+ * many records ahead of its consumer right after one. */
+static inline uint64_t fp_ring_restart_bytes(uint64_t cap) { return cap / 2 < (1u << 20) ? cap / 2 : (1u << 20); }
+
 /* Only while neither side is running (a fresh board, or a dead peer). */
 static inline void fp_ring_init(fp_ring_t *r, uint64_t capacity)
 {
@@ -150,8 +158,8 @@ static inline int fp_ringv_reserve(fp_ringv_t *v, uint64_t len, fp_resv_t *out, 
     uint64_t skip = 0;
     if (need > to_end)
         skip = to_end;
-    else if (head == tail && off != 0 && need <= off)
-        skip = to_end; /* empty: restart at offset 0, where the pages are warm */
+    else if (head == tail && off >= fp_ring_restart_bytes(cap) && need <= off / 4)
+        skip = to_end; /* empty and far in: restart at offset 0, where the pages are warm */
     if (skip + need > cap - (tail - head))
         return FP_AGAIN;
     out->pos = tail + skip;

@@ -702,7 +702,12 @@ def new_array(Arena arena, shape, dtype, order="C", bint zero=False):
                         "use a numeric or structured dtype without object fields")
     if order not in ("C", "F"):
         raise ValueError("order must be 'C' or 'F'")
-    shp = (int(shape),) if isinstance(shape, (int, numpy.integer)) else tuple(int(s) for s in shape)
+    import operator
+    try:  # indexes only, as numpy.empty takes them: 2.5 or "10" is an error, not a shape
+        shp = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
+            operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"shape must be an int or a tuple of ints, not {shape!r}") from None
     if any(s < 0 for s in shp):
         raise ValueError(f"negative dimensions are not allowed: {shp}")
     # Python ints do not wrap; the bound is what a buffer (Py_ssize_t) can span.

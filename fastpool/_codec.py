@@ -53,7 +53,10 @@ _PROCESS_ARENA: list[Any] = [None]  # a worker's own arena (results are encoded 
 _ndarray: Any = None
 _ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
 
-_FN_CACHE: dict[Any, Any] = {}  # fn -> its pickle, or (fingerprint, pickle) for one sent by value
+# fn -> its pickle, or (the objects it was pickled with, pickle) for one sent by value.
+# Weak keys: a dropped lambda (and whatever its closure holds) is not kept alive here.
+_FN_CACHE: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_BUILTIN_CACHE: dict[Any, bytes] = {}  # builtins cannot be weakly referenced; there are few
 _FN_CACHE_MAX = 1024
 _GLOBAL_NAMES: dict[Any, tuple[str, ...]] = {}  # code object -> the global names it (or a nested def) reads
 _MISSING = object()
@@ -88,15 +91,30 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     return names
 
 
-def _fingerprint(fn: types.FunctionType) -> tuple:
-    """What a by-value pickle of fn captures, by identity: its code, the globals it
-    reads, its closure cells and defaults.  Rebinding any of them changes this;
-    mutating a referenced object in place does not (README "Functions")."""
+def _captured(fn: types.FunctionType, seen: set[int] | None = None) -> list[Any]:
+    """What a by-value pickle of fn captures, as the objects themselves: its code,
+    the globals it reads (and, for each of those that is itself a function sent by
+    value, what that one captures), its closure cells and its defaults.  Compared
+    by identity: rebinding any of them is noticed; mutating a referenced object in
+    place is not (README "Functions").  Holding the objects, not their id(), is
+    what makes the identity test sound (an id is reused once its object dies)."""
+    if seen is None:
+        seen = set()
+    seen.add(id(fn))
     g = fn.__globals__
-    cells = fn.__closure__ or ()
-    return (id(fn.__code__), tuple(id(g.get(n, _MISSING)) for n in _global_names(fn.__code__)),
-            tuple(id(c.cell_contents) if _cell_set(c) else 0 for c in cells),
-            id(fn.__defaults__), id(fn.__kwdefaults__))
+    out: list[Any] = [fn.__code__, fn.__defaults__, fn.__kwdefaults__]
+    for name in _global_names(fn.__code__):
+        value = g.get(name, _MISSING)
+        out.append(value)
+        if isinstance(value, types.FunctionType) and _by_value(value) and id(value) not in seen:
+            out.extend(_captured(value, seen))
+    for cell in fn.__closure__ or ():
+        out.append(cell.cell_contents if _cell_set(cell) else _MISSING)
+    return out
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _cell_set(cell: Any) -> bool:
@@ -114,20 +132,17 @@ def function_bytes(fn: Callable[..., Any]) -> bytes:
     closures) is pickled again when a global it reads, a closure cell or its
     defaults were rebound since, so a notebook that redefines a global reaches
     the workers.  Raises SerializationError if fn cannot be pickled at all."""
-    plain = isinstance(fn, (types.FunctionType, types.BuiltinFunctionType))
+    cache: Any = _FN_CACHE if isinstance(fn, types.FunctionType) else (
+        _BUILTIN_CACHE if isinstance(fn, types.BuiltinFunctionType) else None)
     by_value = _by_value(fn)
     mark = None
-    if plain:
-        try:
-            hit = _FN_CACHE.get(fn)
-        except TypeError:
-            hit = None
-        if by_value and isinstance(fn, types.FunctionType):
-            mark = _fingerprint(fn)
-            if hit is not None and hit[0] == mark:
-                return hit[1]
-        elif hit is not None:
-            return hit
+    hit = cache.get(fn) if cache is not None else None
+    if by_value and isinstance(fn, types.FunctionType):
+        mark = _captured(fn)
+        if hit is not None and _same(hit[0], mark):
+            return hit[1]
+    elif hit is not None:
+        return hit
     try:
         if by_value:
             import cloudpickle
@@ -144,13 +159,10 @@ def function_bytes(fn: Callable[..., Any]) -> bytes:
             raise errors.SerializationError(
                 f"the function {getattr(fn, '__qualname__', fn)!r}", f"{type(exc).__name__}: {exc}"
             ) from exc
-    if plain:
-        if len(_FN_CACHE) >= _FN_CACHE_MAX:
-            _FN_CACHE.clear()
-        try:
-            _FN_CACHE[fn] = (mark, data) if mark is not None else data
-        except TypeError:
-            pass
+    if cache is not None:
+        if len(cache) >= _FN_CACHE_MAX:
+            cache.clear()
+        cache[fn] = (mark, data) if mark is not None else data
     return data
 
 

@@ -31,14 +31,14 @@ cdef class Dispatcher(Dispatch):
     """The dispatcher with supervision's handles (see the module docstring)."""
 
 
-    def slot_spawned(self, int s, bytes init_payload):
+    def slot_spawned(self, int s, bytes init_payload, uint64_t req):
         """A new worker is starting in slot s: its rings are emptied (under the lock,
         so no reader is inside them), its K_INIT record queued, and nothing is
         known about it yet."""
         self._acquire()
         try:
             self.board.reset_slot(s)
-            if not self.board.push_control(s, FP_K_INIT, init_payload):
+            if not self.board.push_control(s, FP_K_INIT, init_payload, req):
                 raise errors.SegmentCorrupt(f"slot {s}: a freshly reset task ring refused the K_INIT record")
             self._gen[s] += 1
             self._served[s] = 0
@@ -125,12 +125,14 @@ cdef class Dispatcher(Dispatch):
             self._release()
 
     def requeue(self, tasks):
-        """Puts tasks back at the front of the queue, in their order."""
+        """Puts tasks back at the front of the queue, in their order.  A task already
+        settled (cancelled while a worker held it) is not run again."""
         self._acquire()
         try:
             for t in reversed(tasks):
                 (<Task>t).slot = -1
-                self._queue.appendleft(t)
+                if not (<Task>t).settled:
+                    self._queue.appendleft(t)
             self._dispatch_locked()
         finally:
             self._release()
@@ -210,16 +212,22 @@ cdef class Dispatcher(Dispatch):
                 started = not self.board.skip_task(s, self._skip_seq[s], wire_of(task))
                 self._skip_seq[s] += 1
                 if not started:
-                    return "cancelled", s
-                if force:
+                    # It will never run: settled now, not when the worker reaches its
+                    # record (its SKIPPED reply, or a result that beat the request, is
+                    # matched later and dropped; the task keeps its place in the slot).
+                    self._inflight.pop(task.id, None)
+                    self._counts[C_CHUNKS_CANCELLED if task.items else C_CANCELLED] += 1
+                    dropped = True
+                elif force:
                     return "kill", s
-                self.board.request_cancel(s, wire_of(task))
-                return "flagged", s
+                else:
+                    self.board.request_cancel(s, wire_of(task))
+                    return "flagged", s
         finally:
             self._release()
         if dropped:
             self._finish(task, None, None, True)
-        return "cancelled", -1
+        return "cancelled", s
 
     def set_paused(self, bint paused):
         self._acquire()

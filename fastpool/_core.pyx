@@ -242,12 +242,12 @@ cdef class Board:
 
     # ---- parent side: Python-level ---------------------------------------------------
 
-    def push_control(self, int slot, uint32_t kind, bytes payload=b""):
-        """Publishes a control record (K_INIT, K_STOP) on slot's task ring.
-
-        False if the ring is full or broken (the caller kills the worker instead)."""
+    def push_control(self, int slot, uint32_t kind, bytes payload=b"", uint64_t tag=0):
+        """Publishes a control record (K_INIT tagged with its spawn request, K_STOP)
+        on slot's task ring.  False if the ring is full or broken (the caller kills
+        the worker instead)."""
         self._ok(slot)
-        cdef int rc = self.push_task(slot, kind, 0, 0, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+        cdef int rc = self.push_task(slot, kind, tag, 0, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
                                      NULL, 0)
         if rc == FP_TOOBIG:
             raise ring_limit_error("a control record", PyBytes_GET_SIZE(payload), self.max_record)
@@ -381,6 +381,22 @@ cdef class Board:
             self.start_task(slot, rec.task_id)
         self.release_task(slot, rec.next)
         return (rec.kind, rec.task_id, payload)
+
+    def pop_init(self, int slot, uint64_t req, double timeout_s):
+        """A new worker's K_INIT payload, if the next record is the one tagged with its
+        own spawn request; None (the record left in place) otherwise, or after
+        timeout_s."""
+        self._ok(slot)
+        cdef fp_recv_t rec
+        cdef int rc
+        cdef int64_t t = _ns(timeout_s)
+        with nogil:
+            rc = self.next_task(slot, &rec, t, 0)
+        if rc != FP_OK or rec.kind != FP_K_INIT or rec.task_id != req:
+            return None
+        payload = PyBytes_FromStringAndSize(<const char *>rec.payload, rec.len)
+        self.release_task(slot, rec.next)
+        return payload
 
     def set_state(self, int slot, uint32_t state, uint32_t pid=0):
         self._ok(slot)

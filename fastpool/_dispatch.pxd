@@ -50,6 +50,7 @@ cdef class Dispatch:
     cdef dict _fns_by_obj              # by-reference functions -> Fn
     cdef dict _fns_by_data             # pickle -> Fn
     cdef uint32_t _next_fn
+    cdef Py_ssize_t _fn_bytes          # the registry's pickles, in bytes
     cdef char *_flush                  # per slot: tell the worker to forget its functions
     cdef object _arena
     cdef object _hooks
@@ -73,6 +74,7 @@ cdef class Dispatch:
     cdef int _mark_corrupt(self, int s, str what) except -1
     cdef int _sample(self, Task task, int64_t run_ns) except -1
     cdef int _count_decode_failure(self, Task task) except -1
+    cdef int _count_chunk_failure(self, Task task, Py_ssize_t done) except -1
     cdef int _run_events(self) except -1
     cdef bint _ok(self, object fut, object pred) except -1
     cdef object _drive_until(self, object fut, object pred, object timeout)

@@ -46,6 +46,7 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 
 from fastpool import _codec, errors
+from fastpool._call import ChunkFailure
 from fastpool._core import ring_limit_error
 
 from fastpool._core cimport (
@@ -67,6 +68,7 @@ cdef bytes _EMPTY = b""
 DEF MAX_PREFETCH = 16
 DEF READ_BUDGET = 256       # records per slot per collect round: one busy worker cannot starve the rest
 DEF FN_REGISTRY_MAX = 4096  # distinct functions before the registry (and every worker's cache) resets
+DEF FN_REGISTRY_BYTES = 64 << 20  # ...or this many bytes of their pickles (closures can hold arrays)
 
 PARK_SLICE_S = 0.05         # every wait returns this often, so Ctrl-C and deadlines are seen
 COLLECTOR_GRACE_S = 0.002   # the collector stays away this long after a caller drove or submitted
@@ -220,11 +222,12 @@ cdef class Dispatch:
         data = _codec.function_bytes(fn)  # raises SerializationError
         f = self._fns_by_data.get(data)
         if f is None:
-            if len(self._fns_by_data) >= FN_REGISTRY_MAX:
+            if len(self._fns_by_data) >= FN_REGISTRY_MAX or self._fn_bytes + len(data) > FN_REGISTRY_BYTES:
                 # Every worker forgets its functions with the next record it gets,
                 # and the parent forgets what it sent: ids restart from scratch.
                 self._fns_by_obj.clear()
                 self._fns_by_data.clear()
+                self._fn_bytes = 0
                 for s in range(self.nslots):
                     self._flush[s] = 1
                     self._gen[s] += 1
@@ -237,6 +240,7 @@ cdef class Dispatch:
             if f.known == NULL:
                 raise MemoryError()
             self._fns_by_data[data] = f
+            self._fn_bytes += len(data)
         if _codec.stable_function(fn):
             self._fns_by_obj[fn] = f
         return f
@@ -561,7 +565,7 @@ cdef class Dispatch:
                 if kind == FP_R_OK and payload is not None:
                     self._discard.append(payload)
                 continue
-            if kind == FP_R_SKIPPED and not task.cancel_requested:
+            if kind == FP_R_SKIPPED and not task.cancel_requested and not task.settled:
                 # Nobody asked to drop it: the worker's skip words were overwritten.
                 task.rkind, task.payload = FP_R_ERR, None
                 self._inflight.pop(task.id, None)
@@ -581,6 +585,10 @@ cdef class Dispatch:
                     self._to_idle(s)
                 elif self._ready[s]:
                     events.append(("retire", s, 0))
+            if task.settled:  # cancelled while its worker held it: counted then
+                if kind == FP_R_OK and payload is not None:
+                    self._discard.append(payload)
+                continue
             self._inflight.pop(task.id, None)
             task.rkind = kind
             task.payload = payload
@@ -631,6 +639,8 @@ cdef class Dispatch:
                 self._count_decode_failure(task)
                 return self._finish(task, None, errors.SerializationError(
                     f"the result of task {task.id}", f"unpickling failed in the parent: {exc!r}"), False)
+            if task.items and type(value) is ChunkFailure:
+                self._count_chunk_failure(task, len((<object>value).results))
             return self._finish(task, value, None, False)
         if kind == FP_R_ERR:
             if payload is None:  # see _read_slot: a skip nobody asked for
@@ -658,6 +668,16 @@ cdef class Dispatch:
         else:
             self._counts[C_COMPLETED] -= 1
             self._counts[C_FAILED] += 1
+        self._release()
+        return 0
+
+    cdef int _count_chunk_failure(self, Task task, Py_ssize_t done) except -1:
+        # A chunk whose function raised comes back in an OK record (the items before
+        # the failing one, and the exception): a failed chunk, and only those items.
+        self._acquire()
+        self._counts[C_CHUNKS_COMPLETED] -= 1
+        self._counts[C_CHUNKS_FAILED] += 1
+        self._counts[C_ITEMS] -= task.items - done
         self._release()
         return 0
 

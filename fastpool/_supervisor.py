@@ -132,7 +132,8 @@ class Supervisor:
             lost = self.arena.reset_region(slot.id + 1)
             log.warning("fastpool: worker %d's arena region was damaged (%s); repaired, quarantining "
                         "%d bytes", slot.id, exc, lost)
-        self.disp.slot_spawned(slot.id, self.init_payload)  # rings reset, K_INIT queued
+        slot.req = next(_reqs)  # unique across slots and pools: the reply, and K_INIT, carry it
+        self.disp.slot_spawned(slot.id, self.init_payload, slot.req)  # rings reset, K_INIT queued
         slot.state = "starting"
         slot.init_error = None
         slot.spawned_at = now
@@ -143,7 +144,6 @@ class Supervisor:
         slot.cur_seen, slot.hb_seen = 0, -1
         slot.mem, slot.cg, slot.oom_before, slot.oom_last, slot.baseline, slot.cg_text = (None,) * 6
         slot.retiring = False
-        slot.req = next(_reqs)  # unique across slots and pools: the reply is matched by it
         msg, fds = ("spawn", slot.req, slot.id, {}), [self.board.fileno(), self.arena.fileno()]
         with self._send_lock:
             try:
@@ -264,7 +264,10 @@ class Supervisor:
             rec = _verdict.record(death, cause, detail, facts, result)
             self.tel.crash(rec)
             if victim is not None and facts is not None:
-                if result == "retry":
+                if victim.cancel_requested:
+                    failed.append((victim, CancelledError(f"task {victim.id} was cancelled; its worker "
+                                                          "died before it stopped")))
+                elif result == "retry":
                     disp.retry(victim)
                 else:
                     failed.append((victim, _verdict.exception_for(death, cause, detail, facts, result or "fail")))
@@ -449,7 +452,14 @@ class Supervisor:
                                 self.kill(slot, slot.kill)
                         break
                 else:
+                    # A reply no slot waits for (its start timed out, or the slot moved
+                    # on): that worker must not live unwatched.  It cannot take another
+                    # start's K_INIT (each carries its own request id); kill it anyway.
                     if pidfd is not None:
+                        try:
+                            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                        except (ProcessLookupError, OSError):
+                            pass
                         os.close(pidfd)
         elif msg[0] == "exit":
             _, pid, code = msg

@@ -4,7 +4,7 @@
     --------------                         -------------------------------------------
     Template.connect() --ctl socket-------> accepts one SEQPACKET connection per pool
     pool conn: ("spawn", req, slot, env) + board fd, arena fd
-                                           -> fork(); child runs _worker.main(board, slot)
+                                           -> fork(); child runs _worker.main(board, slot, req)
               <- ("pid", req, pid) + pidfd
               <- ("spawn-failed", req, errno, text)   fork/pidfd_open failed (EAGAIN, ENOMEM,
                                                       EMFILE): one failed start of that slot
@@ -543,7 +543,7 @@ def _spawn(conn: socket.socket, msg: tuple, fds: list[int], truncated: bool, own
                 os.environ.update(env)
                 from fastpool import _worker
 
-                code = _worker.main(board_fd, slot, env, arena_fd)
+                code = _worker.main(board_fd, slot, env, arena_fd, req)
             except BaseException:  # the child must never return into the template's loop
                 import traceback
 

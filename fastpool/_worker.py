@@ -37,7 +37,7 @@ def _heartbeat(board: Any, slot: int, stop: threading.Event) -> None:
         board.beat(slot)
 
 
-def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1) -> int:
+def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) -> int:
     from fastpool import _serve
     from fastpool._core import SLOT_READY, SLOT_STARTING, Board
 
@@ -59,11 +59,13 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1) -> int:
     beat.start()
     parent = os.getppid()
 
-    rec = board.pop_task(slot, INIT_WAIT_S)
-    if rec is None or rec[0] != K_INIT:
+    # Only the K_INIT of our own spawn request: a worker forked for a request its
+    # slot gave up on (a start that timed out) must not take a successor's record.
+    rec = board.pop_init(slot, req, INIT_WAIT_S)
+    if rec is None:
         return EXIT_NO_INIT
     try:
-        initializer, initargs, blas_threads = _codec.loads(rec[2])
+        initializer, initargs, blas_threads = _codec.loads(rec)
         if blas_threads and blas_threads > 1:
             _set_blas_threads(blas_threads)
         if initializer is not None:

@@ -26,6 +26,7 @@ import itertools
 import logging
 import math
 import os
+import sys
 import threading
 import weakref
 from collections import deque
@@ -71,10 +72,18 @@ _live: "weakref.WeakSet[_Runtime]" = weakref.WeakSet()
 
 
 def _shutdown_all_at_exit() -> None:
+    # A script that ends on Ctrl-C outside `with Pool()` must not wait here for its
+    # running tasks: the workers run in their own session, so the terminal's SIGINT
+    # never reached them.  Interrupt them as __exit__ would.
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    interrupted = isinstance(last, KeyboardInterrupt)
     for rt in list(_live):
         try:
-            rt.shutdown(wait=True, cancel_futures=True)
-        except Exception:  # noqa: BLE001 - interpreter teardown: best effort
+            if interrupted:
+                rt.interrupt()
+            else:
+                rt.shutdown(wait=True, cancel_futures=True)
+        except BaseException:  # noqa: BLE001 - interpreter teardown: best effort, even a 2nd Ctrl-C
             pass
 
 
@@ -169,6 +178,14 @@ class _Runtime:
             _live.discard(self)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_seconds(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+
+
 def _abandoned(task: Any) -> BaseException:
     if task.t_dispatch:
         return errors.BrokenPool(f"the pool was shut down while task {task.id} ran (or was held by a "
@@ -238,14 +255,23 @@ class Pool(Executor):
             raise TypeError("initializer must be callable")
         check_ring_bytes(ring_bytes)
         max_queue = 256 * workers if max_queue is None else max_queue
-        if not isinstance(max_queue, int) or max_queue < 1 or max_queue > 1 << 40:
+        if not _is_int(max_queue) or max_queue < 1 or max_queue > 1 << 40:
             raise ValueError(f"max_queue must be an int from 1 to 2**40, not {max_queue!r}")
-        if max_tasks_per_worker is not None and max_tasks_per_worker < 1:
-            raise ValueError("max_tasks_per_worker must be >= 1")
+        for name, count in (("max_tasks_per_worker", max_tasks_per_worker), ("blas_threads", blas_threads),
+                            ("max_failures", max_failures)):
+            if count is not None and (not _is_int(count) or count < 1):
+                raise ValueError(f"{name} must be a positive int{'' if name == 'max_failures' else ' or None'}, "
+                                 f"not {count!r}")
         for name, value in (("task_timeout", task_timeout), ("hang_timeout", hang_timeout),
-                            ("queue_timeout", queue_timeout), ("start_timeout", start_timeout)):
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                            ("queue_timeout", queue_timeout)):
+            if value is not None and not _is_seconds(value):
                 raise ValueError(f"{name} must be a positive number of seconds or None, not {value!r}")
+        for name, value in (("start_timeout", start_timeout), ("memory_interval_s", memory_interval_s),
+                            ("backoff_base_s", backoff_base_s), ("backoff_cap_s", backoff_cap_s),
+                            ("breaker_open_s", breaker_open_s)):
+            if not _is_seconds(value):
+                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+
         self._n = workers
         if blas_threads is None:
             blas_threads = max(1, _sizing.usable_cpus() // workers)
@@ -267,7 +293,7 @@ class Pool(Executor):
         try:
             board = Board.create(workers, ring_bytes)
             opened.append(board)
-            arena = _arena.Arena.create(workers, arena_bytes or _arena.default_budget())
+            arena = _arena.Arena.create(workers, _arena.default_budget() if arena_bytes is None else arena_bytes)
             opened.append(arena)
             self._keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
             init_payload = _codec.encode_init((init_fn, tuple(initargs), blas_threads), arena, self._keep)

@@ -93,9 +93,6 @@ def test_stats_count_map_chunks_apart_from_calls():
         assert after["items"] - before["items"] == 100
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a map chunk whose function raised comes back as a ChunkFailure "
-                                       "in an OK record, and _dispatch._read_slot counts it in chunks_completed "
-                                       "and all its items in items")
 def test_stats_count_a_chunk_whose_function_raised_as_failed():
     with fastpool.Pool(1) as pool:
         with pytest.raises(ValueError, match="item -1 is negative"):

@@ -106,8 +106,6 @@ def test_one_ctrl_c_ends_a_script_waiting_in_a_with_pool_and_leaves_no_process(t
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="bug: after Ctrl-C outside a with block, the atexit hook's "
-                                       "shutdown(wait=True) waits for every running task")
 def test_one_ctrl_c_ends_a_script_waiting_on_a_pool_without_with(tmp_path):
     """A terminal's Ctrl-C reaches the whole foreground group; fastpool's workers
     are not in it, so only the pool can stop them."""

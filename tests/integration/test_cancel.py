@@ -87,8 +87,6 @@ def test_pool_cancel_of_a_prefetched_task_never_runs_it(pool, tmp_path, force):
     assert (stats["cancelled"], stats["killed"], stats["crashed"]) == (1, 0, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: pool.cancel() of a prefetched task returns True but leaves the "
-                                       "future RUNNING until the worker reaches the task's record")
 def test_pool_cancel_of_a_prefetched_task_cancels_its_future_at_once(pool, tmp_path):
     """pool.cancel's docstring: 'the future is cancelled'.  A caller that gets True
     and then waits on the future must not wait for the task in front of it."""
@@ -103,9 +101,6 @@ def test_pool_cancel_of_a_prefetched_task_cancels_its_future_at_once(pool, tmp_p
         held.open()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a death re-queues a cancelled prefetched task "
-                                       "(_supervisor._handle_death -> Dispatcher.requeue) and the "
-                                       "replacement worker runs it")
 @pytest.mark.faults
 def test_a_cancelled_prefetched_task_is_not_run_by_the_replacement_when_its_worker_dies(pool, tmp_path):
     held = Held(pool, tmp_path, gate_fn=announce_then_gate_then_die)

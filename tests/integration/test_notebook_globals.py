@@ -95,8 +95,6 @@ def test_rebound_defaults_reach_the_next_call(pool, cell):
     assert pool.submit(fn, 1).result(timeout=30) == 101
 
 
-@pytest.mark.xfail(strict=True, reason="bug: _codec._fingerprint keys the cache by id() of each global, and "
-                                       "a new object can reuse a freed object's id: the stale pickle is sent")
 def test_a_global_rebound_twice_to_a_new_object_reaches_the_next_call(pool, cell):
     """The fingerprint remembers ids of objects it does not keep alive.  After two
     rebinds the first object is freed and the third one is allocated in its place
@@ -115,8 +113,6 @@ def test_a_global_rebound_twice_to_a_new_object_reaches_the_next_call(pool, cell
     assert pool.submit(fn).result(timeout=30) == [3.5]  # today: [1.5]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: _codec._fingerprint covers only the globals the submitted "
-                                       "function names, not those of __main__ functions it calls")
 def test_a_rebound_global_read_by_a_called_helper_reaches_the_next_call(pool, cell):
     fn = cell["via_helper"]
     assert pool.submit(fn, 1).result(timeout=30) == 1
@@ -133,8 +129,6 @@ def test_an_in_place_change_to_a_global_is_not_seen(pool, cell):
     assert pool.submit(fn).result(timeout=30) == [1.5]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: _codec._FN_CACHE keeps every by-value function (up to 1024) "
-                                       "alive, and with it everything its closure and globals reference")
 def test_a_dropped_lambda_does_not_keep_the_array_it_closes_over_alive(pool):
     import gc
     import weakref

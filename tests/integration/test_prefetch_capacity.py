@@ -16,8 +16,6 @@ from _waiting import wait_for, wait_workers_ready
 import fastpool
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fp_ringv_reserve's restart at offset 0 (csrc/fp_ring.h) leaves "
-                                       "the task ring room for one or two records behind a running task")
 def test_a_busy_worker_is_handed_a_full_prefetch(tmp_path):
     started, opener = tmp_path / "started", tmp_path / "open"
     with fastpool.Pool(1) as pool:

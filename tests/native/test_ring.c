@@ -307,30 +307,50 @@ TEST(record_exactly_filling_to_the_end_needs_no_pad)
     ring_free(r);
 }
 
-/* An empty ring restarts at offset 0 (warm pages), behind a PAD. */
+/* An empty ring the producer is far into restarts at offset 0 (warm pages),
+ * behind a PAD. */
 TEST(empty_ring_restarts_at_offset_zero)
 {
     tring_t *r = ring_new(4096);
-    CHECK_EQ(push_seeded(r, 1, 100), FP_OK);
-    pop_expect(r, 1, 100);
+    uint64_t far = fp_ring_restart_bytes(4096);
+    CHECK_EQ(far, 2048);
+    CHECK_EQ(push_seeded(r, 1, far - sizeof(fp_rec_t)), FP_OK); /* the producer is now at 2048 */
+    pop_expect(r, 1, far - sizeof(fp_rec_t));
     CHECK(fp_ringv_empty(&r->cons));
     fp_resv_t res;
     unsigned char *p = NULL;
-    CHECK_EQ(fp_ringv_reserve(&r->prod, 50, &res, &p), FP_OK); /* 80 bytes <= offset 128 */
+    CHECK_EQ(fp_ringv_reserve(&r->prod, 50, &res, &p), FP_OK); /* 80 bytes, well under 2048 / 4 */
     CHECK_EQ(resv_offset(r, &res), 0);
-    CHECK_EQ(res.skip, 4096 - fp_rec_size(100));
+    CHECK_EQ(res.skip, 4096 - far);
     CHECK(p == fp_ring_data(r->r) + sizeof(fp_rec_t));
     fill(p, 50, 2);
     fp_ringv_commit(&r->prod, &res, KIND, 2, ~2ull, 1);
     pop_expect(r, 2, 50);
-    /* and again and again: a steady small stream keeps to the first page */
+    /* and again and again: a steady small stream keeps to the first half */
     for (uint64_t id = 3; id < 1000; id++) {
         CHECK_EQ(fp_ringv_reserve(&r->prod, 40, &res, &p), FP_OK);
-        CHECK_EQ(resv_offset(r, &res), 0);
+        CHECK(resv_offset(r, &res) < far + fp_rec_size(40));
         fill(p, 40, id);
         fp_ringv_commit(&r->prod, &res, KIND, id, ~id, 1);
         pop_expect(r, id, 40);
     }
+    ring_free(r);
+}
+
+/* A ring emptied near its start does not restart: the restart's skipped bytes
+ * would stay in use until the consumer passed them, leaving room for one record
+ * (a worker could then hold one prefetched task, not sixteen). */
+TEST(an_emptied_ring_still_queues_a_ring_full_of_records)
+{
+    tring_t *r = ring_new(65536);
+    CHECK_EQ(push_seeded(r, 1, 100), FP_OK);
+    pop_expect(r, 1, 100);
+    uint64_t n = 0;
+    while (push_seeded(r, 2 + n, 100) == FP_OK)
+        n++;
+    CHECKF(n >= 65536 / fp_rec_size(100) - 1, "only %llu records fit", (unsigned long long)n);
+    for (uint64_t i = 0; i < n; i++)
+        pop_expect(r, 2 + i, 100);
     ring_free(r);
 }
 
@@ -450,7 +470,9 @@ static void random_run(uint64_t cap, uint64_t seed, int ops)
             uint64_t len = random_len(&rng, max);
             uint64_t need = fp_rec_size(len), off = tail % cap, to_end = cap - off;
             int empty = head == tail;
-            int fits = need <= to_end ? tail + need - head <= cap : tail + to_end + need - head <= cap;
+            int fits = need <= to_end && !(empty && off >= fp_ring_restart_bytes(cap) && need <= off / 4)
+                           ? tail + need - head <= cap
+                           : tail + to_end + need - head <= cap;
             fp_resv_t res = {0};
             unsigned char *p = NULL;
             int rc = fp_ringv_reserve(&r->prod, len, &res, &p);
@@ -469,10 +491,11 @@ static void random_run(uint64_t cap, uint64_t seed, int ops)
             uint64_t at = (uint64_t)(p - data) - sizeof(fp_rec_t);
             CHECKF(at + need <= cap, "record wraps, seed %llu op %d", (unsigned long long)seed, op);
             CHECK(at == off || at == 0);
-            if (empty && off != 0 && need <= off)
+            int restart = empty && off >= fp_ring_restart_bytes(cap) && need <= off / 4;
+            if (restart && need <= to_end)
                 CHECKF(at == 0, "empty ring did not restart at 0, seed %llu op %d", (unsigned long long)seed, op);
             if (at != off) {
-                CHECK(need > to_end || (empty && need <= off));
+                CHECK(need > to_end || restart);
                 jumps += empty && need <= to_end;
                 pads += to_end >= sizeof(fp_rec_t);
             }

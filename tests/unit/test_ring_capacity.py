@@ -48,8 +48,6 @@ def test_a_fresh_ring_holds_many_records(ends):
     assert _fill(parent, 100) == 100
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fp_ringv_reserve's restart at offset 0 leaves an emptied ring "
-                                       "room for one record until its reader catches up")
 def test_a_ring_that_emptied_at_a_small_offset_still_holds_many_records(ends):
     parent, worker = ends
     assert parent.push_control(0, _codec.K_STOP, RECORD)
