@@ -254,15 +254,12 @@ class _ArrayPickler(pickle.Pickler):
                     "transfer only arrays of the pool you submit to")
             if obj.dtype.hasobject or obj.nbytes < OOB_THRESHOLD_BYTES:
                 return NotImplemented
-            blk = arena.alloc(obj.nbytes)  # the one copy: straight into shared memory
-            order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
-            import numpy as np
-
-            dst = np.ndarray(obj.shape, obj.dtype, buffer=blk, order=order)
-            np.copyto(dst, obj, casting="no")
-            byte_off, strides, readonly = 0, dst.strides, not obj.flags.writeable
+            dst = _arena.copy_in(arena, obj)  # the one copy: straight into shared memory
+            blk = dst.base
+            byte_off = _arena.address_of(dst) - blk.address
+            strides, readonly = dst.strides, not obj.flags.writeable
         else:
-            byte_off = obj.__array_interface__["data"][0] - blk.address
+            byte_off = _arena.address_of(obj) - blk.address
             strides, readonly = obj.strides, (not obj.flags.writeable) or blk.readonly
             if transferring:
                 self.detach.append(obj)
