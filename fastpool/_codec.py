@@ -24,6 +24,7 @@ descriptor (``handoff``) that the parent drops once it holds its own.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import sys
 import traceback
@@ -225,11 +226,12 @@ def __getattr__(name: str) -> Any:
 class _ArrayPickler(pickle.Pickler):
     """Pickles ndarrays as arena descriptors (see the module docstring)."""
 
-    def __init__(self, file: Any, arena: Any, keep: list | None, handoff: bool) -> None:
+    def __init__(self, file: Any, arena: Any, keep: list | None, handoff: bool, owned: Any = None) -> None:
         super().__init__(file, PROTOCOL)
         self.arena = arena
         self.keep = keep
         self.handoff = handoff
+        self.owned = owned  # ids of NumPy-hook arrays only the result holds: sent without a copy
         self.handed: list = []  # blocks this worker added a reference to (undone on failure)
         self.detach: list = []
 
@@ -245,7 +247,14 @@ class _ArrayPickler(pickle.Pickler):
         from fastpool import _arena
 
         arena = self.arena
-        blk = _block_of(obj)
+        root = obj
+        while isinstance(root.base, nd):
+            root = root.base
+        blk = root.base if isinstance(root.base, _arena.Block) else None
+        if blk is None and self.owned is not None and id(root) in self.owned:
+            from fastpool import _alloc
+
+            blk = _alloc.adopt(root)  # made in this worker's region by NumPy: no copy
         transferring = id(obj) in _transfer_marks
         if blk is None or blk.owner is not arena:
             if transferring and blk is not None:
@@ -275,7 +284,7 @@ class _ArrayPickler(pickle.Pickler):
                                  readonly, src))
 
 
-def encode(obj: Any, arena: Any, keep: list | None = None, handoff: bool = False) -> bytes:
+def encode(obj: Any, arena: Any, keep: list | None = None, handoff: bool = False, owned: Any = None) -> bytes:
     """Pickles obj with arrays as descriptors into arena (plain dumps when arena is None).
 
     ``keep`` collects the blocks that must live until the receiver has mapped them,
@@ -284,7 +293,7 @@ def encode(obj: Any, arena: Any, keep: list | None = None, handoff: bool = False
     if arena is None:
         return dumps(obj)
     buf = io.BytesIO()
-    p = _ArrayPickler(buf, arena, keep, handoff)
+    p = _ArrayPickler(buf, arena, keep, handoff, owned)
     try:
         p.dump(obj)
     except BaseException:
@@ -318,13 +327,41 @@ def release_handoff(payload: bytes | None) -> None:
             arena.unref_for(arena.proc, off)
 
 
+NUMPY_HOOK_ENV = "FASTPOOL_NUMPY_HOOK"  # "0": a worker's NumPy allocates with malloc only
+_HOOK_PENDING = [False]  # a worker whose hook waits for numpy to be imported
+
+
 def set_process_arena(arena: Any) -> None:
+    """A worker's own arena: results are encoded into it, and NumPy allocates large
+    arrays in it (fastpool/_alloc.pyx) once numpy is imported."""
     _PROCESS_ARENA[0] = arena
+    _HOOK_PENDING[0] = arena is not None and arena.proc != 0 and os.environ.get(NUMPY_HOOK_ENV, "1") != "0"
+    _install_hook()
 
 
-def encode_result(result: Any) -> bytes:
-    """A worker's result: large arrays into its own region, handed off to the parent."""
-    return encode(result, None if type(result) in _ATOMIC else _PROCESS_ARENA[0], None, True)
+def _install_hook() -> None:
+    # Importing numpy here would cost every worker its import; a task that imports
+    # it gets the hook from its first array result on (encode_result calls this).
+    if _HOOK_PENDING[0] and "numpy" in sys.modules:
+        _HOOK_PENDING[0] = False
+        from fastpool import _alloc
+
+        try:
+            _alloc.install(_PROCESS_ARENA[0])
+        except (RuntimeError, MemoryError) as exc:  # another NEP 49 handler: it stays, results are copied
+            import logging
+
+            logging.getLogger("fastpool").warning("fastpool: NumPy arrays are not made in shared memory: %s", exc)
+
+
+def encode_result(result: Any, owned: Any = None) -> bytes:
+    """A worker's result: large arrays into its own region, handed off to the parent.
+
+    ``owned``: ids of the NumPy-hook arrays only ``result`` holds (_alloc.owned_roots);
+    they are sent as they are, every other array is copied."""
+    if _HOOK_PENDING[0]:
+        _install_hook()
+    return encode(result, None if type(result) in _ATOMIC else _PROCESS_ARENA[0], None, True, owned)
 
 
 def encode_args(obj: Any, args: Any, kwargs: dict, arena: Any = None, keep: list | None = None) -> bytes:
