@@ -90,6 +90,7 @@ cdef class Block:
     cdef readonly uint64_t gen
     cdef readonly uint64_t nbytes    # the data bytes, from one checked read: fixed for the Block's life
     cdef readonly bint readonly
+    cdef readonly bint fresh         # alloc bumped it: never used, its pages zero (the kernel's)
     cdef bint _own                   # in this process's own region: counted in arena._held
     cdef char *data
     cdef Py_ssize_t _shape[1]

@@ -27,6 +27,7 @@ class Block:
     gen: int
     nbytes: int
     readonly: bool
+    fresh: bool
     @property
     def address(self) -> int: ...
     @property

@@ -11,6 +11,8 @@
 
 A Block holds one reference of its process and exports the block's bytes as a
 buffer; ndarrays are views over it, so the block lives while any view does.
+In a worker, NumPy's allocator hook (_alloc.pyx) takes blocks too: there the
+ndarray's own data holds the reference, and NumPy's free drops it.
 A Block also keeps its Arena object, hence the mapping, alive: an array used
 after its pool shut down is still plain memory, never a dangling pointer.
 
@@ -431,6 +433,7 @@ cdef class Arena:
         self._usable()
         cdef fp_arena_blk_t b
         cdef fp_arena_damage_t d
+        cdef Block blk
         cdef uint64_t fresh_len = 0
         cdef int rc = fp_arena_alloc(&self._v, self.proc, nbytes, &b, &fresh_len, &self._own_top, &d)
         if rc == FP_NOSPACE:
@@ -448,7 +451,9 @@ cdef class Arena:
             fp_arena_unref(&self._v, self.proc, b.off)
             raise RegionCorrupt(self.proc, "a free block covers one this process still holds (its counts were "
                                 "zeroed, or a size was forged)", b.off - self._own_base())
-        return self._block(&b, False)
+        blk = self._block(&b, False)
+        blk.fresh = fresh_len != 0
+        return blk
 
     cdef _commit(self, uint64_t off, uint64_t length, uint64_t nbytes):
         # Fresh pages are taken now, where failure is an exception: a page the
@@ -722,9 +727,10 @@ cdef object _new_array(Arena arena, shape, dtype, order, bint zero, Py_ssize_t p
         pad = (page_of + FP_ARENA_PAGE - arena._v.hdr % FP_ARENA_PAGE) % FP_ARENA_PAGE
     blk = arena.alloc(n + pad)
     arr = numpy.ndarray(shp, dt, buffer=blk, offset=pad, order=order)
-    if zero and n:
-        # a reused block holds old bytes; a fresh one is zero already, but cheap to be sure
-        numpy.frombuffer(blk, numpy.uint8, n)[:] = 0
+    if zero and n and not blk.fresh:
+        # a reused block holds old bytes; a fresh one is the kernel's zero pages
+        # (a 256 MiB memset would cost what the pages' first fault already did)
+        numpy.frombuffer(blk, numpy.uint8, n + pad)[:] = 0
     return arr
 
 

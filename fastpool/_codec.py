@@ -10,6 +10,9 @@ sends an ndarray as a descriptor -- arena token, block offset and generation,
 byte offset, dtype, shape, strides, read-only, handoff -- instead of its bytes:
 
     arena-backed array or any view of it -> descriptor, zero bytes copied
+    a worker's result NumPy made in its   -> descriptor, zero bytes copied, when only the
+    region (fastpool/_alloc.pyx)             result holds it (else copied: the worker may
+                                            change what it kept)
     plain array >= OOB_THRESHOLD_BYTES   -> one copy into a fresh block of the
                                             sender's region, then a descriptor
     object dtype, small, subclasses      -> pickled as before (inline in the ring)
