@@ -72,6 +72,7 @@ cdef class Arena:
     cdef object __weakref__
 
     cdef _punch_free(self)
+    cdef _punch_free_region(self, uint32_t r)
     cdef _maybe_unmap(self)
     cdef _unmap(self)
     cdef char *_ro_base(self)

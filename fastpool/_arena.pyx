@@ -338,19 +338,22 @@ cdef class Arena:
         self._maybe_unmap()
 
     cdef _punch_free(self):
+        cdef uint32_t r
+        for r in range(self._v.nprocs):
+            self._punch_free_region(r)
+
+    cdef _punch_free_region(self, uint32_t r):
         # Pages from the first whole page after the header: a free block's header
         # stays readable (zero counts) for a process that still walks the chain.
         cdef fp_arena_walk_t w
         cdef uint64_t off = 0, s = 0, skip = fp_arena_align(self._v.hdr, FP_ARENA_PAGE)
-        cdef uint32_t r
         cdef int free_ = 0
-        for r in range(self._v.nprocs):
-            if fp_arena_walk_begin(&w, &self._v, r) != FP_OK:
-                continue
-            while fp_arena_walk_next(&w, &off, &s) == 1:
-                if s > skip and fp_arena_is_free(&self._v, off, &free_) == FP_OK and free_:
-                    fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, <long>(off + skip),
-                              <long>(s - skip))
+        if self._fd < 0 or fp_arena_walk_begin(&w, &self._v, r) != FP_OK:
+            return
+        while fp_arena_walk_next(&w, &off, &s) == 1:
+            if s > skip and fp_arena_is_free(&self._v, off, &free_) == FP_OK and free_:
+                fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, <long>(off + skip),
+                          <long>(s - skip))
 
     cdef _maybe_unmap(self):
         if self.closed and self._blocks == 0:
@@ -534,7 +537,8 @@ cdef class Arena:
         return bool(free_)
 
     def reclaim(self, int slot):
-        """Drops every reference worker slot held (it died).  Returns how many blocks it held.
+        """Drops every reference worker slot held (it died), then gives back the pages
+        of its region's free blocks.  Returns how many blocks it held.
 
         Raises RegionCorrupt naming the first damaged region, after every
         intact region (and each damaged one up to its damage) was reclaimed."""
@@ -542,7 +546,12 @@ cdef class Arena:
         cdef fp_arena_damage_t d
         if self._v.base == NULL or slot < 0 or slot + 1 >= <int>self._v.nprocs:
             return 0
-        if fp_arena_reclaim(&self._v, slot + 1, &held, &d) != FP_OK:
+        cdef int rc = fp_arena_reclaim(&self._v, slot + 1, &held, &d)
+        # Its free blocks keep the pages it faulted in (NumPy's arrays, through
+        # _alloc, up to half the budget) until the pool closes, unless given back
+        # now: with the owner dead, no process can claim a block of its region.
+        self._punch_free_region(slot + 1)
+        if rc != FP_OK:
             raise _damage_error(&d, self._v.nprocs)
         return held
 

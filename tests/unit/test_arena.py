@@ -301,3 +301,18 @@ def test_a_large_copy_starts_at_the_sources_offset_in_its_page(arena):
     assert np.array_equal(out, src) and out.base.nbytes >= out.nbytes
     small = _arena.copy_in(arena, np.ones(1000))
     assert _arena.address_of(small) == small.base.address  # small copies: no padding
+
+
+def test_a_dead_workers_free_blocks_give_their_pages_back(arena):
+    worker = _arena.Arena.attach(arena.fileno(), 1)
+    try:
+        mine = _arena.new_array(worker, MIB // 8, np.float64)
+        mine[:] = 5.0
+        kept = _arena.new_array(worker, MIB // 8, np.float64)
+        kept[:] = 6.0
+        seen = np.frombuffer(arena.ref(kept.base.off, kept.base.gen, False), np.float64, kept.size)  # the parent's
+        arena.reclaim(0)  # worker slot 0 died holding both
+        assert not mine[PAGE // 8:].any()  # free: its pages past the header's were punched
+        assert (seen == 6.0).all()  # referenced by the parent: untouched
+    finally:
+        worker.close()
