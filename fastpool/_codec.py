@@ -254,7 +254,9 @@ class _ArrayPickler(pickle.Pickler):
         while isinstance(root.base, nd):
             root = root.base
         blk = root.base if isinstance(root.base, _arena.Block) else None
-        if blk is None and self.owned is not None and id(root) in self.owned:
+        # (object arrays: NumPy zero-fills them through calloc, which the hook leaves to
+        # malloc; the dtype check keeps this process's pointers from crossing regardless)
+        if blk is None and self.owned is not None and id(root) in self.owned and not root.dtype.hasobject:
             from fastpool import _alloc
 
             blk = _alloc.adopt(root)  # made in this worker's region by NumPy: no copy
