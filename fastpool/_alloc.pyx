@@ -29,10 +29,13 @@ What the hook never does:
   by default, so the parent's share() keeps room), a worker thread without the
   GIL, a forked child of the worker (its pid differs) or pages the kernel
   refuses all go to the handler that was current before (NumPy's default);
-- zero memory for calloc: np.zeros keeps malloc's lazy zero pages;
+- zero memory for calloc: np.zeros keeps malloc's lazy zero pages (object
+  arrays, which NumPy zero-fills, never land in a hook block either);
 - give pages back when a block is freed: they stay mapped for the next task's
   array ("warm"), so a worker's RSS keeps its largest concurrent arrays while
   the pool lives (at most cap_bytes, all workers together); memory_limit counts them.
+  Killing the worker does not free them (the pool's memfd holds them): the
+  parent gives them back when it reclaims the dead worker's region.
 
 NumPy calls the handler with the GIL held; _free also copes without it
 (PyGILState_Ensure), since the bookkeeping it touches is the GIL's.  Its
