@@ -23,4 +23,4 @@ def extension(name: str) -> Extension:
 
 
 # In cimport order: the board, arrays, a task, the dispatcher and its handles, the worker's loop.
-setup(ext_modules=[extension(n) for n in ("_core", "_arena", "_task", "_dispatch", "_control", "_serve")])
+setup(ext_modules=[extension(n) for n in ("_core", "_arena", "_alloc", "_task", "_dispatch", "_control", "_serve")])

@@ -370,9 +370,26 @@ static inline int fp_arena_walk_fail(const fp_arena_walk_t *w, fp_arena_damage_t
  * that top, so a shared top that differs from it was written by someone else
  * (lowered to a block boundary, it would make the next bump land on live
  * blocks) and is reported as damage. */
+static inline int fp_arena_alloc_capped(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, uint64_t cap,
+                                        fp_arena_blk_t *out, uint64_t *fresh_len, uint64_t *own_top,
+                                        fp_arena_damage_t *dmg);
+
 static inline int fp_arena_alloc(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, fp_arena_blk_t *out,
                                  uint64_t *fresh_len, uint64_t *own_top, fp_arena_damage_t *dmg)
 {
+    return fp_arena_alloc_capped(v, p, nbytes, v->budget, out, fresh_len, own_top, dmg);
+}
+
+/* fp_arena_alloc, but a bump (never a reuse) also fails with FP_NOSPACE when
+ * the arena's committed bytes would pass cap (at most the budget): NumPy's
+ * allocations in a worker (fastpool/_alloc.pyx) leave the rest of the budget
+ * to the arrays the parent shares. */
+static inline int fp_arena_alloc_capped(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, uint64_t cap,
+                                        fp_arena_blk_t *out, uint64_t *fresh_len, uint64_t *own_top,
+                                        fp_arena_damage_t *dmg)
+{
+    if (cap > v->budget)
+        cap = v->budget;
     *fresh_len = 0;
     if (p >= v->nprocs)
         return fp_arena_bad(dmg, v->nprocs, FP_ARENA_BAD_PROC, 0, p);
@@ -437,7 +454,7 @@ static inline int fp_arena_alloc(const fp_arena_view_t *v, uint32_t p, uint64_t 
         return FP_NOSPACE;
     fp_arena_t *a = fp_arena_head(v);
     uint64_t committed = fp_load64_acquire(&a->committed);
-    if (committed > v->budget || need > v->budget - committed)
+    if (committed > cap || need > cap - committed)
         return FP_NOSPACE;
     uint64_t end = w.end;
     fp_block_t *b = fp_arena_block(v, end);

@@ -44,6 +44,8 @@ cdef extern from "fp_arena.h" nogil:
     uint64_t FP_ARENA_TOP_UNKNOWN
     int fp_arena_alloc(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, fp_arena_blk_t *out,
                        uint64_t *fresh_len, uint64_t *own_top, fp_arena_damage_t *dmg)
+    int fp_arena_alloc_capped(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, uint64_t cap,
+                              fp_arena_blk_t *out, uint64_t *fresh_len, uint64_t *own_top, fp_arena_damage_t *dmg)
     void fp_arena_unbump(const fp_arena_view_t *v, uint32_t p, const fp_arena_blk_t *blk, uint64_t *own_top)
     int fp_arena_ref(const fp_arena_view_t *v, uint32_t p, uint64_t off, uint64_t gen, fp_arena_blk_t *out,
                      fp_arena_damage_t *dmg)
@@ -72,6 +74,7 @@ cdef class Arena:
     cdef object __weakref__
 
     cdef _punch_free(self)
+    cdef _punch_free_region(self, uint32_t r)
     cdef _maybe_unmap(self)
     cdef _unmap(self)
     cdef char *_ro_base(self)
@@ -91,6 +94,7 @@ cdef class Block:
     cdef readonly uint64_t gen
     cdef readonly uint64_t nbytes    # the data bytes, from one checked read: fixed for the Block's life
     cdef readonly bint readonly
+    cdef readonly bint fresh         # alloc bumped it: never used, its pages zero (the kernel's)
     cdef bint _own                   # in this process's own region: counted in arena._held
     cdef char *data
     cdef Py_ssize_t _shape[1]

@@ -11,6 +11,8 @@
 
 A Block holds one reference of its process and exports the block's bytes as a
 buffer; ndarrays are views over it, so the block lives while any view does.
+In a worker, NumPy's allocator hook (_alloc.pyx) takes blocks too: there the
+ndarray's own data holds the reference, and NumPy's free drops it.
 A Block also keeps its Arena object, hence the mapping, alive: an array used
 after its pool shut down is still plain memory, never a dangling pointer.
 
@@ -106,12 +108,25 @@ cdef extern from *:
     int fp_detach_array(object arr, object newtype)
     void fp_plain_instances(object newtype)
 
+cdef extern from *:
+    """
+    static size_t fp_array_address(PyObject *arr) { return (size_t)((PyArrayObject_fields *)arr)->data; }
+    """
+    size_t fp_array_address(object arr)
+
 DEF MADV_POPULATE_WRITE = 23
 
 PARENT = 0
 ARENA_MIN_BYTES = 1 << 20
 ARENA_MAX_DEFAULT_BYTES = 64 << 30
 MEMINFO_CHECK_BYTES = 16 << 20  # fresh blocks this large check MemAvailable first
+# A copy this large into a block starts at the source's offset within its page.
+# glibc's memmove for copies past its non-temporal threshold runs 3-4x slower
+# when the destination sits a little above the source modulo 4 KiB (4K
+# aliasing: 66 ms instead of 17 ms for 256 MiB on this machine, dst - src = 48),
+# and a block's data starts 64 bytes into a page while a large malloc'd array
+# starts 16 bytes in.  The descriptor's byte offset carries the padding.
+PAGE_MATCH_MIN_BYTES = 1 << 20
 
 _registry = {}  # token -> weakref to the Arena of that token in this process
 
@@ -323,19 +338,22 @@ cdef class Arena:
         self._maybe_unmap()
 
     cdef _punch_free(self):
+        cdef uint32_t r
+        for r in range(self._v.nprocs):
+            self._punch_free_region(r)
+
+    cdef _punch_free_region(self, uint32_t r):
         # Pages from the first whole page after the header: a free block's header
         # stays readable (zero counts) for a process that still walks the chain.
         cdef fp_arena_walk_t w
         cdef uint64_t off = 0, s = 0, skip = fp_arena_align(self._v.hdr, FP_ARENA_PAGE)
-        cdef uint32_t r
         cdef int free_ = 0
-        for r in range(self._v.nprocs):
-            if fp_arena_walk_begin(&w, &self._v, r) != FP_OK:
-                continue
-            while fp_arena_walk_next(&w, &off, &s) == 1:
-                if s > skip and fp_arena_is_free(&self._v, off, &free_) == FP_OK and free_:
-                    fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, <long>(off + skip),
-                              <long>(s - skip))
+        if self._fd < 0 or fp_arena_walk_begin(&w, &self._v, r) != FP_OK:
+            return
+        while fp_arena_walk_next(&w, &off, &s) == 1:
+            if s > skip and fp_arena_is_free(&self._v, off, &free_) == FP_OK and free_:
+                fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, <long>(off + skip),
+                          <long>(s - skip))
 
     cdef _maybe_unmap(self):
         if self.closed and self._blocks == 0:
@@ -419,6 +437,7 @@ cdef class Arena:
         self._usable()
         cdef fp_arena_blk_t b
         cdef fp_arena_damage_t d
+        cdef Block blk
         cdef uint64_t fresh_len = 0
         cdef int rc = fp_arena_alloc(&self._v, self.proc, nbytes, &b, &fresh_len, &self._own_top, &d)
         if rc == FP_NOSPACE:
@@ -436,7 +455,9 @@ cdef class Arena:
             fp_arena_unref(&self._v, self.proc, b.off)
             raise RegionCorrupt(self.proc, "a free block covers one this process still holds (its counts were "
                                 "zeroed, or a size was forged)", b.off - self._own_base())
-        return self._block(&b, False)
+        blk = self._block(&b, False)
+        blk.fresh = fresh_len != 0
+        return blk
 
     cdef _commit(self, uint64_t off, uint64_t length, uint64_t nbytes):
         # Fresh pages are taken now, where failure is an exception: a page the
@@ -531,7 +552,8 @@ cdef class Arena:
         return bool(free_)
 
     def reclaim(self, int slot):
-        """Drops every reference worker slot held (it died).  Returns how many blocks it held.
+        """Drops every reference worker slot held (it died), then gives back the pages
+        of its region's free blocks.  Returns how many blocks it held.
 
         Raises RegionCorrupt naming the first damaged region, after every
         intact region (and each damaged one up to its damage) was reclaimed."""
@@ -539,7 +561,12 @@ cdef class Arena:
         cdef fp_arena_damage_t d
         if self._v.base == NULL or slot < 0 or slot + 1 >= <int>self._v.nprocs:
             return 0
-        if fp_arena_reclaim(&self._v, slot + 1, &held, &d) != FP_OK:
+        cdef int rc = fp_arena_reclaim(&self._v, slot + 1, &held, &d)
+        # Its free blocks keep the pages it faulted in (NumPy's arrays, through
+        # _alloc, up to half the budget) until the pool closes, unless given back
+        # now: with the owner dead, no process can claim a block of its region.
+        self._punch_free_region(slot + 1)
+        if rc != FP_OK:
             raise _damage_error(&d, self._v.nprocs)
         return held
 
@@ -695,6 +722,11 @@ def rebuild(uint64_t token, uint64_t off, uint64_t gen, Py_ssize_t byte_off, dty
 
 def new_array(Arena arena, shape, dtype, order="C", bint zero=False):
     """An ndarray over a fresh block of arena (pool.empty / pool.zeros)."""
+    return _new_array(arena, shape, dtype, order, zero, -1)
+
+
+cdef object _new_array(Arena arena, shape, dtype, order, bint zero, Py_ssize_t page_of):
+    # page_of >= 0: the data starts at that offset within a page (see PAGE_MATCH_MIN_BYTES)
     import numpy
     dt = numpy.dtype(dtype)
     if dt.hasobject:
@@ -718,21 +750,46 @@ def new_array(Arena arena, shape, dtype, order="C", bint zero=False):
     if n > PY_SSIZE_T_MAX:
         raise ValueError(f"an array of shape {shp} and dtype {dt} would take {n} bytes, more than a "
                          "process can address")
-    blk = arena.alloc(n)
-    arr = numpy.ndarray(shp, dt, buffer=blk, order=order)
-    if zero and n:
-        # a reused block holds old bytes; a fresh one is zero already, but cheap to be sure
-        numpy.frombuffer(blk, numpy.uint8, n)[:] = 0
+    pad = 0
+    if page_of >= 0 and n >= PAGE_MATCH_MIN_BYTES:
+        # cdivision: C's % keeps the sign, so stay non-negative before it
+        pad = (page_of + FP_ARENA_PAGE - arena._v.hdr % FP_ARENA_PAGE) % FP_ARENA_PAGE
+    blk = arena.alloc(n + pad)
+    arr = numpy.ndarray(shp, dt, buffer=blk, offset=pad, order=order)
+    if zero and n and not blk.fresh:
+        # a reused block holds old bytes; a fresh one is the kernel's zero pages
+        # (a 256 MiB memset would cost what the pages' first fault already did)
+        numpy.frombuffer(blk, numpy.uint8, n + pad)[:] = 0
     return arr
+
+
+def address_of(arr):
+    """Where ndarray arr's data starts (its __array_interface__ address, without the dict).
+
+    Raises TypeError for anything that is not an ndarray."""
+    import numpy
+    if not isinstance(arr, numpy.ndarray):
+        raise TypeError(f"an ndarray is needed, not {type(arr).__name__}")
+    return fp_array_address(arr)
+
+
+def copy_in(Arena arena, src):
+    """A copy of ndarray src in a fresh block of arena, C order unless src is only
+    F-contiguous, starting at src's offset within its page when that keeps src's
+    alignment (see PAGE_MATCH_MIN_BYTES).  Raises what alloc raises."""
+    import numpy
+    order = "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
+    cdef size_t addr = fp_array_address(src)
+    page_of = <Py_ssize_t>(addr % FP_ARENA_PAGE) if addr % src.dtype.alignment == 0 else -1
+    out = _new_array(arena, src.shape, src.dtype, order, False, page_of)
+    numpy.copyto(out, src, casting="no")
+    return out
 
 
 def share(Arena arena, arr, bint readonly=False):
     """A copy of arr in arena (pool.share): the one copy in, then descriptors only."""
     import numpy
-    src = numpy.asarray(arr)
-    order = "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
-    out = new_array(arena, src.shape, src.dtype, order)
-    numpy.copyto(out, src, casting="no")
+    out = copy_in(arena, numpy.asarray(arr))
     if readonly:
         out.flags.writeable = False
     return out

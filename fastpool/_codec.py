@@ -10,6 +10,9 @@ sends an ndarray as a descriptor -- arena token, block offset and generation,
 byte offset, dtype, shape, strides, read-only, handoff -- instead of its bytes:
 
     arena-backed array or any view of it -> descriptor, zero bytes copied
+    a worker's result NumPy made in its   -> descriptor, zero bytes copied, when only the
+    region (fastpool/_alloc.pyx)             result holds it (else copied: the worker may
+                                            change what it kept)
     plain array >= OOB_THRESHOLD_BYTES   -> one copy into a fresh block of the
                                             sender's region, then a descriptor
     object dtype, small, subclasses      -> pickled as before (inline in the ring)
@@ -24,6 +27,7 @@ descriptor (``handoff``) that the parent drops once it holds its own.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import sys
 import traceback
@@ -242,11 +246,12 @@ def __getattr__(name: str) -> Any:
 class _ArrayPickler(pickle.Pickler):
     """Pickles ndarrays as arena descriptors (see the module docstring)."""
 
-    def __init__(self, file: Any, arena: Any, keep: list | None, handoff: bool) -> None:
+    def __init__(self, file: Any, arena: Any, keep: list | None, handoff: bool, owned: Any = None) -> None:
         super().__init__(file, PROTOCOL)
         self.arena = arena
         self.keep = keep
         self.handoff = handoff
+        self.owned = owned  # ids of NumPy-hook arrays only the result holds: sent without a copy
         self.handed: list = []  # blocks this worker added a reference to (undone on failure)
         self.detach: list = []
 
@@ -262,7 +267,16 @@ class _ArrayPickler(pickle.Pickler):
         from fastpool import _arena
 
         arena = self.arena
-        blk = _block_of(obj)
+        root = obj
+        while isinstance(root.base, nd):
+            root = root.base
+        blk = root.base if isinstance(root.base, _arena.Block) else None
+        # (object arrays: NumPy zero-fills them through calloc, which the hook leaves to
+        # malloc; the dtype check keeps this process's pointers from crossing regardless)
+        if blk is None and self.owned is not None and id(root) in self.owned and not root.dtype.hasobject:
+            from fastpool import _alloc
+
+            blk = _alloc.adopt(root)  # made in this worker's region by NumPy: no copy
         transferring = id(obj) in _transfer_marks
         if blk is None or blk.owner is not arena:
             if transferring and blk is not None:
@@ -271,15 +285,12 @@ class _ArrayPickler(pickle.Pickler):
                     "transfer only arrays of the pool you submit to")
             if obj.dtype.hasobject or obj.nbytes < OOB_THRESHOLD_BYTES:
                 return NotImplemented
-            blk = arena.alloc(obj.nbytes)  # the one copy: straight into shared memory
-            order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
-            import numpy as np
-
-            dst = np.ndarray(obj.shape, obj.dtype, buffer=blk, order=order)
-            np.copyto(dst, obj, casting="no")
-            byte_off, strides, readonly = 0, dst.strides, not obj.flags.writeable
+            dst = _arena.copy_in(arena, obj)  # the one copy: straight into shared memory
+            blk = dst.base
+            byte_off = _arena.address_of(dst) - blk.address
+            strides, readonly = dst.strides, not obj.flags.writeable
         else:
-            byte_off = obj.__array_interface__["data"][0] - blk.address
+            byte_off = _arena.address_of(obj) - blk.address
             strides, readonly = obj.strides, (not obj.flags.writeable) or blk.readonly
             if transferring:
                 self.detach.append(obj)
@@ -295,7 +306,7 @@ class _ArrayPickler(pickle.Pickler):
                                  readonly, src))
 
 
-def encode(obj: Any, arena: Any, keep: list | None = None, handoff: bool = False) -> bytes:
+def encode(obj: Any, arena: Any, keep: list | None = None, handoff: bool = False, owned: Any = None) -> bytes:
     """Pickles obj with arrays as descriptors into arena (plain dumps when arena is None).
 
     ``keep`` collects the blocks that must live until the receiver has mapped them,
@@ -304,7 +315,7 @@ def encode(obj: Any, arena: Any, keep: list | None = None, handoff: bool = False
     if arena is None:
         return dumps(obj)
     buf = io.BytesIO()
-    p = _ArrayPickler(buf, arena, keep, handoff)
+    p = _ArrayPickler(buf, arena, keep, handoff, owned)
     try:
         p.dump(obj)
     except BaseException:
@@ -338,13 +349,41 @@ def release_handoff(payload: bytes | None) -> None:
             arena.unref_for(arena.proc, off)
 
 
+NUMPY_HOOK_ENV = "FASTPOOL_NUMPY_HOOK"  # "0": a worker's NumPy allocates with malloc only
+_HOOK_PENDING = [False]  # a worker whose hook waits for numpy to be imported
+
+
 def set_process_arena(arena: Any) -> None:
+    """A worker's own arena: results are encoded into it, and NumPy allocates large
+    arrays in it (fastpool/_alloc.pyx) once numpy is imported."""
     _PROCESS_ARENA[0] = arena
+    _HOOK_PENDING[0] = arena is not None and arena.proc != 0 and os.environ.get(NUMPY_HOOK_ENV, "1") != "0"
+    _install_hook()
 
 
-def encode_result(result: Any) -> bytes:
-    """A worker's result: large arrays into its own region, handed off to the parent."""
-    return encode(result, None if type(result) in _ATOMIC else _PROCESS_ARENA[0], None, True)
+def _install_hook() -> None:
+    # Importing numpy here would cost every worker its import; a task that imports
+    # it gets the hook from its first array result on (encode_result calls this).
+    if _HOOK_PENDING[0] and "numpy" in sys.modules:
+        _HOOK_PENDING[0] = False
+        from fastpool import _alloc
+
+        try:
+            _alloc.install(_PROCESS_ARENA[0])
+        except (RuntimeError, MemoryError) as exc:  # another NEP 49 handler: it stays, results are copied
+            import logging
+
+            logging.getLogger("fastpool").warning("fastpool: NumPy arrays are not made in shared memory: %s", exc)
+
+
+def encode_result(result: Any, owned: Any = None) -> bytes:
+    """A worker's result: large arrays into its own region, handed off to the parent.
+
+    ``owned``: ids of the NumPy-hook arrays only ``result`` holds (_alloc.owned_roots);
+    they are sent as they are, every other array is copied."""
+    if _HOOK_PENDING[0]:
+        _install_hook()
+    return encode(result, None if type(result) in _ATOMIC else _PROCESS_ARENA[0], None, True, owned)
 
 
 def encode_args(obj: Any, args: Any, kwargs: dict, arena: Any = None, keep: list | None = None) -> bytes:

@@ -28,6 +28,7 @@ from fastpool._core cimport (
     FP_AUX_FLUSH, FP_AUX_FN_ID, FP_AUX_FN_LEN, FP_K_CALL, FP_K_CALLKW, FP_K_STARCHUNK, FP_K_STOP,
     FP_K_TASK_LIMIT, FP_R_BAD_RESULT, FP_R_ERR, FP_R_OK, FP_R_SKIPPED, Board, fp_now_ns, fp_recv_t,
 )
+from fastpool._alloc cimport owned_roots
 from fastpool._sys cimport FP_AGAIN, FP_OK
 
 cdef object _loads = pickle.loads
@@ -133,7 +134,8 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
                     out = _dumps(result, 5)
                 else:
                     try:
-                        out = encode_result(result)
+                        # owned_roots first, while serve's local is the result's only holder
+                        out = encode_result(result, owned_roots(result))
                     except errors.SharedMemoryError as exc:  # the arena is full: say so, as itself
                         out, rkind = encode_exception(exc), FP_R_ERR
                     except errors.SegmentCorrupt as exc:  # its arena region was written over

@@ -11,7 +11,7 @@ same thing in both reports.
     map         map over MAP_ITEMS small ints, each peer at each of CHUNKSIZES (best kept)
     arrays      float64 arrays of SIZES_MIB, one way (a float back) and round trip (an
                 array as large back), by value on every peer, fastpool's shared idioms
-                ([share], [empty], [fill]) as rows of their own, and the compute alone
+                ([share], [empty] both ways, [fill]) as rows of their own, and the compute alone
                 in this process
     start       constructor to first result in a fresh interpreter that imported numpy,
                 and a plain multiprocessing spawn of a child importing numpy, for scale
@@ -42,7 +42,7 @@ QUICK_LATENCY_CALLS = 600
 
 IN_PROCESS = "in-process"
 SPAWN_REFERENCE = "mp spawn + import numpy"
-IDIOMS = {"one way": ("share", "empty"), "round trip": ("share", "fill")}
+IDIOMS = {"one way": ("share", "empty"), "round trip": ("share", "empty", "fill")}
 
 
 # ---- group titles (shared with benchmarks/report.py's tables) ---------------------------
@@ -122,7 +122,8 @@ def check_doubled(out: Any, arr: Any) -> None:
 def array_call(peer: Peer, direction: str, idiom: str, arr: Any) -> Callable[[], Any]:
     """The timed call of one array row. ``direction`` is "one way" or "round trip";
     ``idiom`` "" (by value, any peer) or one of fastpool's: "share" (``pool.share``
-    inside the call), "empty" (input filled into ``pool.empty`` once, outside it),
+    inside the call), "empty" (input filled into ``pool.empty`` once, outside it; a
+    round trip's new array comes back as it is when the worker made it in shared memory),
     "fill" (the worker writes ``out = pool.empty(...)``, allocated inside it).
     Set-up the call does not time happens here, before it is returned."""
     fn = tasks.total if direction == "one way" else tasks.double

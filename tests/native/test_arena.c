@@ -1449,6 +1449,27 @@ TEST(arena_owner_notices_a_top_lowered_to_a_block_boundary)
     arena_free(a, size);
 }
 
+/* A cap (NumPy's allocations in a worker) limits what a bump may commit, never
+ * the reuse of a block the region already has. */
+TEST(arena_alloc_capped_stops_bumps_at_the_cap_but_reuses_free_blocks)
+{
+    uint64_t size = 0;
+    fp_arena_view_t *a = arena_new(NPROCS, REGION, REGION * NPROCS, &size);
+    uint64_t fl = 0, cap = 4 * PAGE;
+    fp_arena_blk_t b, c;
+    fp_arena_damage_t d;
+    CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, cap, &b, &fl, NULL, &d), FP_OK); /* 3 pages committed */
+    CHECK(fl != 0);
+    CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, cap, &c, &fl, NULL, &d), FP_NOSPACE);
+    CHECK_EQ(fp_arena_alloc(a, 1, 2 * PAGE, &c, &fl, NULL, &d), FP_OK); /* the budget itself has room */
+    CHECK_EQ(fp_arena_unref(a, 1, b.off), FP_OK);
+    CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, cap, &c, &fl, NULL, &d), FP_OK);
+    CHECK_EQ(c.off, b.off);
+    CHECK_EQ(fl, 0);
+    CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, UINT64_MAX, &c, &fl, NULL, &d), FP_OK); /* over the budget: the budget */
+    arena_free(a, size);
+}
+
 /* ------------------------------------------------------------------- reset */
 
 TEST(arena_reset_of_an_intact_region_changes_nothing)

@@ -280,3 +280,39 @@ def test_a_worker_may_not_reset_another_process_s_region(arena):
     with pytest.raises(ValueError, match="only the parent"):
         worker.reset_region(2)
     worker.close()
+
+
+# ---- zeros and page-matched copies ---------------------------------------------------
+
+
+def test_zeros_on_a_fresh_block_skip_the_memset_and_on_a_reused_one_clear_old_bytes(arena):
+    first = _arena.new_array(arena, MIB // 8, np.float64, zero=True)
+    assert first.base.fresh and not first.any()
+    first[:] = 7.0
+    del first
+    again = _arena.new_array(arena, MIB // 8, np.float64, zero=True)
+    assert not again.base.fresh and not again.any()  # the same block, its 7.0s cleared
+
+
+def test_a_large_copy_starts_at_the_sources_offset_in_its_page(arena):
+    src = np.arange(MIB // 8 + 3, dtype=np.float64)[3:]  # 24 bytes into a malloc'd buffer
+    out = _arena.copy_in(arena, src)
+    assert _arena.address_of(out) % PAGE == _arena.address_of(src) % PAGE
+    assert np.array_equal(out, src) and out.base.nbytes >= out.nbytes
+    small = _arena.copy_in(arena, np.ones(1000))
+    assert _arena.address_of(small) == small.base.address  # small copies: no padding
+
+
+def test_a_dead_workers_free_blocks_give_their_pages_back(arena):
+    worker = _arena.Arena.attach(arena.fileno(), 1)
+    try:
+        mine = _arena.new_array(worker, MIB // 8, np.float64)
+        mine[:] = 5.0
+        kept = _arena.new_array(worker, MIB // 8, np.float64)
+        kept[:] = 6.0
+        seen = np.frombuffer(arena.ref(kept.base.off, kept.base.gen, False), np.float64, kept.size)  # the parent's
+        arena.reclaim(0)  # worker slot 0 died holding both
+        assert not mine[PAGE // 8:].any()  # free: its pages past the header's were punched
+        assert (seen == 6.0).all()  # referenced by the parent: untouched
+    finally:
+        worker.close()
