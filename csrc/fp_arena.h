@@ -689,6 +689,29 @@ static inline int fp_arena_usage(const fp_arena_view_t *v, uint64_t *live, uint6
     return rc;
 }
 
+typedef struct {
+    uint32_t p;
+    uint64_t bytes;
+} fp_arena_held_ctx_t;
+
+static inline void fp_arena_held_one(const fp_arena_view_t *v, uint64_t off, uint64_t size, void *ctx)
+{
+    fp_arena_held_ctx_t *c = (fp_arena_held_ctx_t *)ctx;
+    if (fp_load32_seqcst(&fp_block_counts(fp_arena_block(v, off))[c->p]))
+        c->bytes += size;
+}
+
+/* Bytes of the blocks in region p that process p itself still references:
+ * what a worker allocated in shared memory (its NumPy arrays, through the
+ * allocator hook) and holds, which its RSS counts as shared, not its own. */
+static inline int fp_arena_held(const fp_arena_view_t *v, uint32_t p, uint64_t *bytes, fp_arena_damage_t *dmg)
+{
+    fp_arena_held_ctx_t c = {p, 0};
+    int rc = p < v->nprocs ? fp_arena_visit(v, p, fp_arena_held_one, &c, dmg) : FP_CORRUPT;
+    *bytes = c.bytes;
+    return rc;
+}
+
 /* Makes region r's chain whole again after its owner died (the caller
  * reclaimed the owner's references first), or on the caller's own region.
  *

@@ -54,6 +54,7 @@ cdef extern from "fp_arena.h" nogil:
     int fp_arena_is_free(const fp_arena_view_t *v, uint64_t off, int *out)
     int fp_arena_check_region(const fp_arena_view_t *v, uint32_t r, uint64_t *nblocks, fp_arena_damage_t *dmg)
     int fp_arena_reclaim(const fp_arena_view_t *v, uint32_t p, uint64_t *held, fp_arena_damage_t *dmg)
+    int fp_arena_held(const fp_arena_view_t *v, uint32_t p, uint64_t *bytes, fp_arena_damage_t *dmg)
     int fp_arena_usage(const fp_arena_view_t *v, uint64_t *live, uint64_t *idle, uint64_t *nlive,
                        fp_arena_damage_t *dmg)
     int fp_arena_reset_region(const fp_arena_view_t *v, uint32_t r, uint64_t keep_below, uint64_t *quarantined,

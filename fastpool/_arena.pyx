@@ -629,6 +629,17 @@ cdef class Arena:
         return dict(live_bytes=live, free_bytes=idle, live_blocks=nlive, budget_bytes=budget,
                     unused_bytes=max(0, budget - live - idle))
 
+    def held_bytes(self, uint32_t proc):
+        """Bytes of region proc's blocks that process proc itself references (a
+        worker's own arrays in shared memory); what the walk could not reach past
+        damage is not counted."""
+        cdef uint64_t n = 0
+        cdef fp_arena_damage_t d
+        if self._v.base == NULL or proc >= self._v.nprocs:
+            return 0
+        fp_arena_held(&self._v, proc, &n, &d)
+        return n
+
     def usage(self):
         """Bytes in blocks referenced by someone, in freed blocks, and the budget.
 

@@ -396,12 +396,16 @@ class WorkerMemory:
         self.last_at = now
         return MemorySample(self.pid, owned, now, rss, shmem)
 
-    def sample(self, now: float) -> MemorySample | None:
-        """Read what the worker owns now and record it; None (nothing recorded) if it is gone."""
+    def sample(self, now: float, arena_bytes: int = 0) -> MemorySample | None:
+        """Read what the worker owns now and record it; None (nothing recorded) if it is gone.
+
+        ``arena_bytes``: shared memory that is the worker's own all the same (the
+        blocks of its arena region it allocated and still holds: its NumPy arrays,
+        which fastpool's allocator places in shared memory), added to what it owns."""
         mem = read_memory(self.pid, self.root)
         if mem is None:
             return None
-        return self.record(mem.owned_bytes, now, rss=mem.rss_bytes, shmem=mem.shmem_bytes)
+        return self.record(mem.owned_bytes + arena_bytes, now, rss=mem.rss_bytes, shmem=mem.shmem_bytes)
 
     def over_limit(self, limit: int | None) -> bool:
         """Whether the last reading is above ``limit`` bytes; never with no limit."""

@@ -576,8 +576,10 @@ class Supervisor:
                 continue
             if slot.mem is None or slot.mem.pid != pid:
                 slot.mem = _memory.WorkerMemory(slot.id, pid)
-            sample = slot.mem.sample(now)
-            if sample is None:
+            # what it owns: private memory, plus its own arena blocks (its NumPy arrays
+            # live there, through the allocator hook), never the shared data it reads
+            sample = slot.mem.sample(now, self.arena.held_bytes(slot.id + 1))
+            if sample is None or sample.total_rss_bytes == 0:  # dying: see oom_baseline
                 continue
             # A worker (or its task) may move itself to another cgroup: follow it every
             # tick, and read that cgroup's OOM counter while the worker is alive, so that

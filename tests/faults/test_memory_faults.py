@@ -51,8 +51,8 @@ def monitor(monkeypatch: pytest.MonkeyPatch) -> Monitor:
     m = Monitor()
     real_sample, real_count = _memory.WorkerMemory.sample, _memory.oom_kill_count
 
-    def sample(self, now):
-        out = real_sample(self, now)
+    def sample(self, now, *more):
+        out = real_sample(self, now, *more)
         m.samples += 1
         return out
 

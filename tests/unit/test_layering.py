@@ -34,8 +34,8 @@ SUBMODULES = {p.stem for p in SOURCES if p.stem != "__init__"}
 # Compiled modules, lowest first: each may cimport the .pxd of the ones before it.
 # The shared-memory layer imports nothing from fastpool at run time but errors; the
 # hot paths above it may also use the codec, the call helpers and lazy imports.
-COMPILED_LAYERS = ["_sys", "_shm", "_core", "_arena", "_task", "_dispatch", "_control", "_serve"]
-SHARED_MEMORY_LAYER = frozenset({"_sys", "_shm", "_core", "_arena"})
+COMPILED_LAYERS = ["_sys", "_shm", "_core", "_arena", "_alloc", "_task", "_dispatch", "_control", "_serve"]
+SHARED_MEMORY_LAYER = frozenset({"_sys", "_shm", "_core", "_arena", "_alloc"})
 HOT_PATH_IMPORTS = frozenset({"fastpool.errors", "fastpool._codec", "fastpool._call", "fastpool._lazy"})
 
 # What the process machinery is, for the modules that must stay pure functions of their inputs.
