@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -76,17 +79,61 @@ def test_rss_grows_when_memory_is_touched() -> None:
     del block
 
 
+@pytest.fixture
+def without_statm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reading off Linux: psutil, as where /proc/<pid>/statm does not exist."""
+    monkeypatch.setattr(_memory, "_STATM", False)
+
+
+@contextlib.contextmanager
+def zombie() -> Iterator[int]:
+    """The pid of a child that has exited and is not reaped yet."""
+    child = subprocess.Popen(["true"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited; still a zombie
+        yield child.pid
+    finally:
+        child.wait()
+
+
+def test_rss_reads_statm_on_linux_and_matches_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not _memory._STATM:
+        pytest.skip("no /proc/<pid>/statm here")
+
+    def no_psutil(pid: int) -> psutil.Process:
+        raise AssertionError("psutil used where /proc/<pid>/statm is readable")
+
+    monkeypatch.setattr(psutil, "Process", no_psutil)
+    rss = rss_bytes(os.getpid())
+    wm = WorkerMemory(worker_id=0, pid=os.getpid())
+    sample = wm.sample(1.0)
+    monkeypatch.undo()
+    expected = psutil.Process().memory_info().rss
+    assert rss == pytest.approx(expected, rel=0.2)
+    assert sample is not None and sample.rss_bytes == pytest.approx(expected, rel=0.2)
+
+
+def test_rss_of_a_zombie_is_none() -> None:
+    if not _memory._STATM:
+        pytest.skip("no /proc/<pid>/statm here")
+    with zombie() as pid:
+        assert Path(f"/proc/{pid}/statm").exists()  # still listed: only its pages are gone
+        assert rss_bytes(pid) is None
+        assert WorkerMemory(worker_id=0, pid=pid).sample(1.0) is None
+
+
 @pytest.mark.parametrize(
     "exc", [psutil.NoSuchProcess(1), psutil.ZombieProcess(1), psutil.AccessDenied(1)]
 )
-def test_rss_of_a_gone_or_forbidden_process_is_none(
-    monkeypatch: pytest.MonkeyPatch, exc: Exception
+def test_rss_of_a_gone_or_forbidden_process_is_none_off_linux(
+    monkeypatch: pytest.MonkeyPatch, without_statm: None, exc: Exception
 ) -> None:
     def vanish(pid: int) -> psutil.Process:
         raise exc
 
     monkeypatch.setattr(psutil, "Process", vanish)
-    assert rss_bytes(1234) is None
+    assert rss_bytes(os.getpid()) is None
+    assert WorkerMemory(worker_id=0, pid=os.getpid()).sample(1.0) is None
 
 
 def test_rss_of_a_pid_past_pid_max_is_none() -> None:
@@ -255,7 +302,15 @@ def test_over_limit_compares_the_current_reading() -> None:
     assert wm.over_limit(200) is False
 
 
-def test_sampling_this_process_records_its_rss_and_keeps_the_process_handle() -> None:
+def test_sampling_this_process_records_its_rss() -> None:
+    wm = WorkerMemory(worker_id=1, pid=os.getpid())
+    first = wm.sample(10.0)
+    assert first is not None and first.rss_bytes > 5 * MiB and first.at == 10.0
+    assert wm.sample(11.0) is not None
+    assert wm.samples == 2 and wm.peak_bytes >= wm.baseline_bytes  # type: ignore[operator]
+
+
+def test_sampling_off_linux_keeps_the_process_handle(without_statm: None) -> None:
     wm = WorkerMemory(worker_id=1, pid=os.getpid())
     first = wm.sample(10.0)
     assert first is not None and first.rss_bytes > 5 * MiB and first.at == 10.0
@@ -265,8 +320,16 @@ def test_sampling_this_process_records_its_rss_and_keeps_the_process_handle() ->
     assert wm.samples == 2 and wm.peak_bytes >= wm.baseline_bytes  # type: ignore[operator]
 
 
-def test_sampling_a_gone_worker_returns_none_and_keeps_the_last_values(
-    monkeypatch: pytest.MonkeyPatch,
+def test_sampling_a_gone_worker_returns_none_and_keeps_the_last_values() -> None:
+    with zombie() as pid:
+        wm = WorkerMemory(worker_id=2, pid=pid)
+        wm.record(42 * MiB, 1.0)
+        assert wm.sample(2.0) is None
+        assert (wm.current_bytes, wm.samples, wm.last_at) == (42 * MiB, 1, 1.0)
+
+
+def test_sampling_a_gone_worker_off_linux_returns_none_and_keeps_the_last_values(
+    without_statm: None,
 ) -> None:
     wm = WorkerMemory(worker_id=2, pid=os.getpid())
     wm.record(42 * MiB, 1.0)
