@@ -34,6 +34,7 @@ else:
     from fastpool._codec import transfer
     from fastpool._template import shutdown_template
     from fastpool._call import TaskFunction, cancelled
+    from fastpool import errors as _errors
     from fastpool.errors import (
         CircuitOpen,
         DetachedBufferError,
@@ -50,19 +51,18 @@ else:
     # Resolved on first use (PEP 562) and then kept here, so that `import fastpool`
     # stays cheap (issue 8, section 4). pool.py brings the parent's machinery
     # (supervisor, verdicts, memory sampling, sizing, the dispatcher and
-    # concurrent.futures): about two thirds of the package's import, which a script
-    # pays at its first `fastpool.Pool` and the worker template, importing this
-    # package too, never pays. The BrokenPool family is made by fastpool.errors when
-    # first named (its stdlib base imports multiprocessing).
+    # concurrent.futures), more than half of what the package costs to import: a
+    # script pays it at its first `fastpool.Pool`, and a spawned worker template,
+    # which imports this package too, only if the script names the pool at its top
+    # level. The BrokenPool family is made by fastpool.errors when first named (its
+    # stdlib base imports multiprocessing). Thread-safe: the import system
+    # serialises the first import, and every thread stores the same object.
     _LAZY: dict[str, str] = {
         "pool": "fastpool.pool",
         "Pool": "fastpool.pool",
         "PoolOptions": "fastpool.pool",
         "task": "fastpool.pool",
-        **dict.fromkeys(
-            ("BrokenPool", "WorkerCrashed", "PoisonTask", "WorkerHung", "WorkerMemoryError", "InitializerError"),
-            "fastpool.errors",
-        ),
+        **dict.fromkeys(_errors._BROKEN_FAMILY, "fastpool.errors"),
     }
 
     if _typing.TYPE_CHECKING:
