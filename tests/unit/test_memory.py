@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import subprocess
 from collections.abc import Iterator
@@ -71,9 +72,16 @@ def test_rss_of_this_process_is_plausible_and_matches_psutil() -> None:
 
 
 def test_rss_grows_when_memory_is_touched() -> None:
-    before = rss_bytes(os.getpid())
-    block = np.ones(64 * MiB // 8)  # np.ones writes every page, so they are resident
-    after = rss_bytes(os.getpid())
+    # A collection of earlier tests' garbage between the two readings could free a
+    # large array and hide the growth: none runs there.
+    gc.collect()
+    gc.disable()
+    try:
+        before = rss_bytes(os.getpid())
+        block = np.ones(64 * MiB // 8)  # np.ones writes every page, so they are resident
+        after = rss_bytes(os.getpid())
+    finally:
+        gc.enable()
     assert before is not None and after is not None
     assert after - before >= 48 * MiB
     del block
