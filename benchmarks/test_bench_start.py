@@ -15,8 +15,9 @@ killed worker takes to be replaced.
   any executor pays) and ``from fastpool import Pool`` (``fastpool [Pool]``): pool.py
   and the parent's machinery load at the first ``fastpool.Pool``, so that row is what
   ``import fastpool`` leaves to the first pool, and the first-result rows, which name
-  ``fastpool.Pool`` inside the timing, include it. Beside the pools: a plain ``multiprocessing`` spawn of a
-  child that imports numpy, and the first forkserver start with numpy preloaded.
+  ``fastpool.Pool`` inside the timing, include it. Beside the pools: a plain
+  ``multiprocessing`` spawn of a child that imports numpy, and the first forkserver
+  start with numpy preloaded.
   ``fastpool [spawned template]`` forces the template to be spawned
   (``FASTPOOL_TEMPLATE_START=spawn``, what a parent with other threads or over 256 MiB
   gets); ``fastpool [script]`` submits a function defined in the script. The cases run
