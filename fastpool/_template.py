@@ -393,7 +393,8 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
     # pidfd (and EOF on the control socket) tells us the parent process is gone.
     import numpy  # noqa: F401  (preloaded: every worker forks with it)
 
-    from fastpool import _serve, _worker  # noqa: F401  (_worker.main imports _serve: once here, not per worker)
+    # _worker.main imports the compiled loop: once here, not in every new worker
+    from fastpool import _serve, _worker  # noqa: F401
 
     if config["main"]:
         _load_main(config["main"])

@@ -57,7 +57,8 @@ def run_fresh(code: str, env: dict[str, str] | None = None) -> str:
 
 def loaded_after(code: str, names: tuple[str, ...], env: dict[str, str] | None = None) -> set[str]:
     """Which of ``names`` are in ``sys.modules`` after ``code`` ran in a fresh interpreter."""
-    code = textwrap.dedent(code) + f"\nimport sys\nprint(' '.join(n for n in {names!r} if n in sys.modules))\n"
+    report = f"\nimport sys\nprint(' '.join(n for n in {names!r} if n in sys.modules))\n"
+    code = textwrap.dedent(code) + report
     out = run_fresh(code, env)
     return set(out.split())
 
@@ -85,7 +86,8 @@ def test_every_public_name_resolves_and_is_listed() -> None:
         missing = [n for n in fastpool.__all__ if n not in dir(fastpool)]
         for n in fastpool.__all__:
             getattr(fastpool, n)
-        print(missing, fastpool.pool.Pool is fastpool.Pool, fastpool.errors.WorkerCrashed is fastpool.WorkerCrashed)
+        print(missing, fastpool.pool.Pool is fastpool.Pool,
+              fastpool.errors.WorkerCrashed is fastpool.WorkerCrashed)
     """)
     assert out.split("\n")[0] == "[] True True"
 
@@ -108,7 +110,8 @@ def test_a_crash_pickled_elsewhere_is_caught_by_a_fresh_process() -> None:
     # unpickling makes it, and `except fastpool.WorkerCrashed` catches the result.
     from fastpool import errors
 
-    data = pickle.dumps(errors.WorkerMemoryError(3, 4245, -9, 20, "over", reason="oom-killer", limit_bytes=2**30))
+    crash = errors.WorkerMemoryError(3, 4245, -9, 20, "over", reason="oom-killer", limit_bytes=2**30)
+    data = pickle.dumps(crash)
     out = run_fresh(f"""
         import pickle, sys
         import fastpool
@@ -155,5 +158,5 @@ def test_a_spawned_template_does_not_load_the_parents_machinery() -> None:
     """, env={"FASTPOOL_TEMPLATE_START": "spawn"})
     in_worker = set(out.split())
     assert {"fastpool", "fastpool._worker", "numpy"} <= in_worker
-    assert in_worker.isdisjoint({"fastpool.pool", "fastpool._supervisor", "fastpool._verdict", "fastpool._sizing",
-                                 "concurrent.futures.process", "psutil"})
+    assert in_worker.isdisjoint({"fastpool.pool", "fastpool._supervisor", "fastpool._verdict",
+                                 "fastpool._sizing", "concurrent.futures.process", "psutil"})
