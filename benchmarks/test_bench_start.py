@@ -11,8 +11,13 @@ killed worker takes to be replaced.
 * Fresh processes (issue 8, section 4): every sample is a new interpreter running a
   small script (a file, so ``__main__`` has one, as users run it) that imports numpy
   first, then times, inside itself, ``import <peer>`` or constructor to the first result
-  of a task that uses numpy. Beside the pools: a plain ``multiprocessing`` spawn of a
-  child that imports numpy, and the first forkserver start with numpy preloaded.
+  of a task that uses numpy. The import rows add ``import concurrent.futures`` (what
+  any executor pays) and ``from fastpool import Pool`` (``fastpool [Pool]``): pool.py
+  and the parent's machinery load at the first ``fastpool.Pool``, so that row is what
+  ``import fastpool`` leaves to the first pool, and the first-result rows, which name
+  ``fastpool.Pool`` inside the timing, include it. Beside the pools: a plain
+  ``multiprocessing`` spawn of a child that imports numpy, and the first forkserver
+  start with numpy preloaded.
   ``fastpool [spawned template]`` forces the template to be spawned
   (``FASTPOOL_TEMPLATE_START=spawn``, what a parent with other threads or over 256 MiB
   gets); ``fastpool [script]`` submits a function defined in the script. The cases run
@@ -173,11 +178,15 @@ assert result
 print({start}, elapsed)
 {close}
 """
-_IMPORTS = {
-    "fastpool": "import fastpool",
-    "mp.Pool": "import multiprocessing",
-    "PPE": "from concurrent.futures import ProcessPoolExecutor",
-    "loky": "import loky",
+_IMPORTS = {  # (peer, idiom): the statement timed
+    ("fastpool", ""): "import fastpool",
+    # what naming the pool costs: pool.py and the parent's machinery load at the first
+    # `fastpool.Pool`, so this is `import fastpool` plus what a first Pool() will pay
+    ("fastpool", "Pool"): "from fastpool import Pool",
+    ("mp.Pool", ""): "import multiprocessing",
+    ("concurrent.futures", ""): "import concurrent.futures",
+    ("PPE", ""): "from concurrent.futures import ProcessPoolExecutor",
+    ("loky", ""): "import loky",
 }
 _POOLS = {  # peer: (module, constructor, first result, how it starts workers, close)
     "fastpool": ("fastpool, _tasks", "p = fastpool.Pool({n})", "p.submit(_tasks.import_numpy).result()",
@@ -225,9 +234,9 @@ def _fresh_cases() -> dict[tuple[str, str, str], tuple[str, dict[str, str]]]:
     """(kind, peer, idiom) -> (script, extra environment)."""
     n = START_WORKERS
     cases: dict[tuple[str, str, str], tuple[str, dict[str, str]]] = {}
-    for peer, stmt in _IMPORTS.items():
+    for (peer, idiom), stmt in _IMPORTS.items():
         code = _PRE + f"t0 = time.perf_counter()\n{stmt}\nprint('-', time.perf_counter() - t0)\n"
-        cases[("import", peer, "")] = (code, {})
+        cases[("import", peer, idiom)] = (code, {})
     for peer, (module, make, submit, start, close) in _POOLS.items():
         code = _FIRST.format(module=module, make=make.format(n=n), submit=submit, start=start, close=close)
         code = "if __name__ == '__main__':\n" + textwrap.indent(code, "    ")
@@ -285,13 +294,13 @@ def _report(benchmark, samples: list[float]) -> None:
 
 
 @pytest.mark.benchmark(timer=CHILD_CLOCK)
-@pytest.mark.parametrize("peer", list(_IMPORTS))
-def test_fresh_import(benchmark, fresh_samples, peer):
-    if ("import", peer, "") not in fresh_samples:
+@pytest.mark.parametrize("peer, idiom", list(_IMPORTS), ids=[f"{p}-{i}" if i else p for p, i in _IMPORTS])
+def test_fresh_import(benchmark, fresh_samples, peer, idiom):
+    if ("import", peer, idiom) not in fresh_samples:
         pytest.skip(f"{peer} is not installed")
     benchmark.group = "start: import in a fresh process (numpy imported first)"
-    _report(benchmark, fresh_samples[("import", peer, "")][1])
-    tag(benchmark, peer)
+    _report(benchmark, fresh_samples[("import", peer, idiom)][1])
+    tag(benchmark, peer, idiom=idiom)
 
 
 _FIRST_CASES = [key for key in _fresh_cases() if key[0] == "first"]

@@ -4,6 +4,7 @@ Public names only; see README.md for the API and the table of errors.
 """
 
 import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
@@ -33,13 +34,11 @@ else:
     from fastpool._codec import transfer
     from fastpool._template import shutdown_template
     from fastpool._call import TaskFunction, cancelled
+    from fastpool import errors as _errors
     from fastpool.errors import (
-        BrokenPool,
         CircuitOpen,
         DetachedBufferError,
         FastPoolError,
-        InitializerError,
-        PoisonTask,
         PoolClosed,
         QueueFull,
         RemoteError,
@@ -47,12 +46,50 @@ else:
         SerializationError,
         SharedMemoryError,
         TaskTimeout,
-        WorkerCrashed,
-        WorkerHung,
-        WorkerMemoryError,
     )
-    from fastpool._progress import progress
-    from fastpool.pool import Pool, PoolOptions, task
+
+    # Resolved on first use (PEP 562) and then kept here, so that `import fastpool`
+    # stays cheap (issue 8, section 4). pool.py brings the parent's machinery
+    # (supervisor, verdicts, memory sampling, sizing, the dispatcher and
+    # concurrent.futures), more than half of what the package costs to import: a
+    # script pays it at its first `fastpool.Pool`, and a spawned worker template,
+    # which imports this package too, only if the script names the pool at its top
+    # level. The BrokenPool family is made by fastpool.errors when first named (its
+    # stdlib base imports multiprocessing). Thread-safe: the import system
+    # serialises the first import, and every thread stores the same object.
+    _LAZY: dict[str, str] = {
+        "pool": "fastpool.pool",
+        "Pool": "fastpool.pool",
+        "PoolOptions": "fastpool.pool",
+        "task": "fastpool.pool",
+        "progress": "fastpool._progress",
+        **dict.fromkeys(_errors._BROKEN_FAMILY, "fastpool.errors"),
+    }
+
+    if _typing.TYPE_CHECKING:
+        from fastpool import pool
+        from fastpool.errors import (
+            BrokenPool,
+            InitializerError,
+            PoisonTask,
+            WorkerCrashed,
+            WorkerHung,
+            WorkerMemoryError,
+        )
+        from fastpool._progress import progress
+        from fastpool.pool import Pool, PoolOptions, task
+
+    def __getattr__(name: str) -> object:
+        try:
+            module = _importlib.import_module(_LAZY[name])
+        except KeyError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_LAZY))
 
     __all__ = [
         "Pool",
@@ -60,7 +97,6 @@ else:
         "TaskFunction",
         "task",
         "cancelled",
-        "progress",
         "transfer",
         "shutdown_template",
         "FastPoolError",

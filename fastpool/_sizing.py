@@ -1,7 +1,7 @@
 """How many workers, how much memory, how many BLAS threads: sized to this process's share.
 
 A container sees the host's CPUs and RAM through ``os.cpu_count()`` and
-``psutil.virtual_memory()``, but the kernel holds it to its cgroup's CPU quota and
+/proc/meminfo, but the kernel holds it to its cgroup's CPU quota and
 memory limit: size by those, or a 2-CPU container on a 64-core host starts 64
 workers that each run 64 BLAS threads.
 
@@ -10,6 +10,7 @@ workers that each run 64 BLAS threads.
                                            cgroup v1 at /sys/fs/cgroup/<controller>
     <mount>/<path>/...     limits:         cpu.max | cpu.cfs_quota_us + cpu.cfs_period_us,
                                            memory.max | memory.limit_in_bytes
+    /proc/meminfo          the host's:     MemTotal, MemAvailable (psutil where it is missing)
 
 Limits are read at every level from the process's cgroup up to the mount point
 and the smallest wins, because a parent's limit binds its children while the
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastpool._lazy import psutil  # imported at the first use: keeps `import fastpool` fast
+from fastpool._lazy import psutil  # only where /proc/meminfo is missing (not Linux)
 
 __all__ = [
     "CgroupDir",
@@ -48,6 +49,7 @@ __all__ = [
     "cgroup_memory_headroom_bytes",
     "total_memory_bytes",
     "available_memory_bytes",
+    "meminfo_bytes",
     "parse_memory",
     "default_workers",
     "blas_thread_env",
@@ -352,16 +354,45 @@ def cgroup_memory_headroom_bytes(pid: int | str = "self", root: StrPath = "/") -
     return max(0, min(limit - (usage or 0) for limit, usage in levels))
 
 
+def meminfo_bytes(key: str, root: StrPath = "/") -> int | None:
+    """Field ``key`` of /proc/meminfo (``"MemTotal"``, ``"MemAvailable"``) in bytes; None if absent.
+
+    The same numbers as ``psutil.virtual_memory()`` (``total``, ``available``),
+    which reads this file on Linux, without importing psutil: that import alone
+    costs 15-30 ms here, about as much as the rest of a first ``Pool()`` (issue 8,
+    section 4), which reads ``MemTotal`` for its default ``min_available_memory``.
+    """
+    text = read_or_none(Path(root) / "proc" / "meminfo")
+    if text is None:
+        return None
+    for line in text.splitlines():
+        parts = line.split()  # "MemTotal:       24555244 kB"
+        if len(parts) == 3 and parts[0] == key + ":" and parts[2] == "kB":
+            kib = int_or_none(parts[1])
+            return kib * 1024 if kib is not None else None
+    return None
+
+
 def total_memory_bytes(root: StrPath = "/") -> int:
-    """Memory this process could ever use: ``min(cgroup limit, physical RAM)``."""
-    total = int(psutil.virtual_memory().total)
+    """Memory this process could ever use: ``min(cgroup limit, physical RAM)``.
+
+    RAM is /proc/meminfo's ``MemTotal``; psutil's figure where that file cannot
+    be read (not Linux)."""
+    total = meminfo_bytes("MemTotal", root)
+    if total is None:
+        total = int(psutil.virtual_memory().total)
     limit = memory_limit_bytes("self", root)
     return min(total, limit) if limit is not None else total
 
 
 def available_memory_bytes(root: StrPath = "/") -> int:
-    """Memory this process can allocate now: ``min(psutil available, cgroup headroom)``."""
-    available = int(psutil.virtual_memory().available)
+    """Memory this process can allocate now: ``min(MemAvailable, cgroup headroom)``.
+
+    ``MemAvailable`` from /proc/meminfo; psutil's estimate where that is missing
+    (not Linux, or a kernel before 3.14)."""
+    available = meminfo_bytes("MemAvailable", root)
+    if available is None:
+        available = int(psutil.virtual_memory().available)
     headroom = cgroup_memory_headroom_bytes("self", root)
     return min(available, headroom) if headroom is not None else available
 

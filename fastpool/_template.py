@@ -46,7 +46,9 @@ if TYPE_CHECKING:
     import socket
     import subprocess
 else:
-    from fastpool._lazy import socket  # imported when a template is first needed
+    from fastpool._lazy import LazyModule, socket  # socket: imported when a template is first needed
+
+    subprocess = LazyModule("subprocess")  # a spawned template, or a close that timed out (5 ms at exit)
 
 _MAX_MSG = 1 << 16
 _PR_SET_PDEATHSIG = 1
@@ -244,8 +246,6 @@ class Template:
             self._ctl.close()
             self._ctl = None
         if self._proc is not None:
-            import subprocess  # here, not at import: `import fastpool` stays cheap
-
             try:
                 self._proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -393,7 +393,8 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
     # pidfd (and EOF on the control socket) tells us the parent process is gone.
     import numpy  # noqa: F401  (preloaded: every worker forks with it)
 
-    from fastpool import _worker  # noqa: F401
+    # _worker.main imports the compiled loop: once here, not in every new worker
+    from fastpool import _serve, _worker  # noqa: F401
 
     if config["main"]:
         _load_main(config["main"])

@@ -22,6 +22,10 @@ constructor's signature: ``FastPoolError.__reduce__`` rebuilds from ``__dict__``
     +-- SharedMemoryError(FastPoolError, MemoryError)
     +-- SegmentCorrupt(FastPoolError)
 
+The BrokenPool family is made the first time one of its names is read (see
+``_make_broken_family``): its stdlib base costs more to import than the rest of
+fastpool. ``import fastpool`` therefore does not import ``concurrent.futures.process``.
+
 Stdlib only: this module sits under everything else, ``_core`` included.
 """
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 import pickle
 import queue
 import signal
-from concurrent.futures.process import BrokenProcessPool
+import threading
 from typing import Any
 
 __all__ = [
@@ -85,123 +89,6 @@ class FastPoolError(Exception):
         return (_restore, (type(self), self.args, state))
 
 
-class BrokenPool(FastPoolError, BrokenProcessPool):
-    """The pool could not run a task because a worker process failed."""
-
-
-class WorkerCrashed(BrokenPool):
-    """The worker died while it held this task (signal, ``os._exit``, segfault, OOM kill).
-
-    Only the task the worker was running fails; the pool replaces the worker and
-    goes on. ``exitcode`` follows ``multiprocessing``: negative means killed by
-    that signal (``signal_name`` spells it).
-    """
-
-    cause = "died"
-
-    def __init__(
-        self,
-        worker_id: int,
-        pid: int | None,
-        exitcode: int | None,
-        task_id: int | None = None,
-        detail: str = "",
-    ) -> None:
-        super().__init__(worker_id, pid, exitcode, task_id, detail)
-        self.worker_id = worker_id
-        self.pid = pid
-        self.exitcode = exitcode
-        self.task_id = task_id
-        self.detail = detail
-
-    @property
-    def signal_name(self) -> str | None:
-        return signal_name(self.exitcode)
-
-    def _how(self) -> str:
-        if self.exitcode is None:
-            return "with an unknown exit status"
-        if self.exitcode < 0:
-            return f"of {self.signal_name}"
-        return f"with exit code {self.exitcode}"
-
-    def __str__(self) -> str:
-        msg = (
-            f"worker {self.worker_id} (pid {self.pid}) died {self._how()} while running "
-            f"task {self.task_id}"
-        )
-        if self.exitcode == -signal.SIGKILL:
-            msg += "; SIGKILL that fastpool did not send is often the kernel's OOM killer"
-        if self.exitcode == -signal.SIGSEGV:
-            msg += "; a segfault is a bug in native code called by the task"
-        if self.detail:
-            msg += f"; {self.detail}"
-        return msg
-
-
-class PoisonTask(WorkerCrashed):
-    """A task retried once (``pure=True``) killed a second worker; it is not retried again."""
-
-    cause = "poison"
-
-    def __str__(self) -> str:
-        return "poison task: it killed two workers; " + super().__str__()
-
-
-class WorkerHung(WorkerCrashed):
-    """The worker's heartbeat stopped (SIGSTOP, a C call holding the GIL); it was killed.
-
-    Not a TimeoutError, like TaskTimeout (see there)."""
-
-    cause = "hung"
-
-    def __str__(self) -> str:
-        return (
-            f"worker {self.worker_id} (pid {self.pid}) stopped beating while running task "
-            f"{self.task_id} and was killed; {self.detail}"
-        ).rstrip("; ")
-
-
-class WorkerMemoryError(WorkerCrashed, MemoryError):
-    """The worker was killed for memory: over ``memory_limit`` or by the kernel's OOM killer.
-
-    ``reason`` is ``"memory-limit"`` or ``"oom-killer"``; ``limit_bytes``,
-    ``rss_bytes`` (last sample) and ``peak_rss_bytes`` say what was seen.
-    """
-
-    cause = "memory"
-
-    def __init__(
-        self,
-        worker_id: int,
-        pid: int | None,
-        exitcode: int | None,
-        task_id: int | None = None,
-        detail: str = "",
-        *,
-        reason: str = "memory-limit",
-        limit_bytes: int | None = None,
-        rss_bytes: int | None = None,
-        peak_rss_bytes: int | None = None,
-    ) -> None:
-        super().__init__(worker_id, pid, exitcode, task_id, detail)
-        self.reason = reason
-        self.limit_bytes = limit_bytes
-        self.rss_bytes = rss_bytes
-        self.peak_rss_bytes = peak_rss_bytes
-
-    def __str__(self) -> str:
-        limit, peak = self.limit_bytes, self.peak_rss_bytes if self.peak_rss_bytes is not None else self.rss_bytes
-        if self.reason == "oom-killer":
-            msg = (f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by the "
-                   f"kernel's OOM killer (its cgroup's limit: {_size(limit)}); the worker owned "
-                   f"{_size(peak)} at its largest sample")
-        else:
-            msg = (f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by "
-                   f"fastpool: it owned {_size(peak, limit)}, over memory_limit {_size(limit, peak)}")
-        return msg + (f"; {self.detail}" if self.detail else "")
-
-
 def _size(n: int | None, other: int | None = None) -> str:
     """MiB with one decimal; exact bytes when that would print two close sizes alike."""
     if n is None:
@@ -210,18 +97,6 @@ def _size(n: int | None, other: int | None = None) -> str:
     if other is not None and text == f"{other / 2**20:.1f} MiB":
         text = f"{n:,} bytes"
     return text
-
-
-class InitializerError(BrokenPool):
-    """The pool's ``initializer`` raised or exited in a worker; the slot backs off."""
-
-    def __init__(self, message: str, worker_id: int | None = None) -> None:
-        super().__init__(message, worker_id)
-        self.message = message
-        self.worker_id = worker_id
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class TaskTimeout(FastPoolError):
@@ -318,3 +193,167 @@ class SharedMemoryError(FastPoolError, MemoryError):
 
 class SegmentCorrupt(FastPoolError):
     """A shared segment's magic or layout version did not match on attach."""
+
+
+# --- the BrokenPool family, made on first use ---------------------------------------
+#
+# BrokenPool must be a concurrent.futures.process.BrokenProcessPool, and that module
+# imports multiprocessing.connection, tempfile, subprocess and socket: about 20 ms,
+# more than the rest of `import fastpool` (issue 8, section 4). A base is fixed when
+# its class statement runs, so the six classes below are made the first time one of
+# them is named (PEP 562 module __getattr__): when a worker dies, or when a caller
+# writes `except fastpool.WorkerCrashed` or `from fastpool.errors import BrokenPool`.
+# They are made once, under a lock, and kept in this module's globals, so every
+# later lookup (pickle's by-name lookup of ``fastpool.errors.WorkerCrashed`` in
+# another process included) finds the same class objects.
+
+_BROKEN_FAMILY = ("BrokenPool", "WorkerCrashed", "PoisonTask", "WorkerHung", "WorkerMemoryError",
+                  "InitializerError")
+_family_lock = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BROKEN_FAMILY:
+        with _family_lock:
+            if name not in globals():
+                globals().update(_make_broken_family())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_BROKEN_FAMILY))
+
+
+def _make_broken_family() -> dict[str, type]:
+    from concurrent.futures.process import BrokenProcessPool
+
+    class BrokenPool(FastPoolError, BrokenProcessPool):
+        """The pool could not run a task because a worker process failed."""
+
+    class WorkerCrashed(BrokenPool):
+        """The worker died while it held this task (signal, ``os._exit``, segfault, OOM kill).
+
+        Only the task the worker was running fails; the pool replaces the worker and
+        goes on. ``exitcode`` follows ``multiprocessing``: negative means killed by
+        that signal (``signal_name`` spells it).
+        """
+
+        cause = "died"
+
+        def __init__(
+            self,
+            worker_id: int,
+            pid: int | None,
+            exitcode: int | None,
+            task_id: int | None = None,
+            detail: str = "",
+        ) -> None:
+            super().__init__(worker_id, pid, exitcode, task_id, detail)
+            self.worker_id = worker_id
+            self.pid = pid
+            self.exitcode = exitcode
+            self.task_id = task_id
+            self.detail = detail
+
+        @property
+        def signal_name(self) -> str | None:
+            return signal_name(self.exitcode)
+
+        def _how(self) -> str:
+            if self.exitcode is None:
+                return "with an unknown exit status"
+            if self.exitcode < 0:
+                return f"of {self.signal_name}"
+            return f"with exit code {self.exitcode}"
+
+        def __str__(self) -> str:
+            msg = (
+                f"worker {self.worker_id} (pid {self.pid}) died {self._how()} while running "
+                f"task {self.task_id}"
+            )
+            if self.exitcode == -signal.SIGKILL:
+                msg += "; SIGKILL that fastpool did not send is often the kernel's OOM killer"
+            if self.exitcode == -signal.SIGSEGV:
+                msg += "; a segfault is a bug in native code called by the task"
+            if self.detail:
+                msg += f"; {self.detail}"
+            return msg
+
+    class PoisonTask(WorkerCrashed):
+        """A task retried once (``pure=True``) killed a second worker; it is not retried again."""
+
+        cause = "poison"
+
+        def __str__(self) -> str:
+            return "poison task: it killed two workers; " + super().__str__()
+
+    class WorkerHung(WorkerCrashed):
+        """The worker's heartbeat stopped (SIGSTOP, a C call holding the GIL); it was killed.
+
+        Not a TimeoutError, like TaskTimeout (see there)."""
+
+        cause = "hung"
+
+        def __str__(self) -> str:
+            return (
+                f"worker {self.worker_id} (pid {self.pid}) stopped beating while running task "
+                f"{self.task_id} and was killed; {self.detail}"
+            ).rstrip("; ")
+
+    class WorkerMemoryError(WorkerCrashed, MemoryError):
+        """The worker was killed for memory: over ``memory_limit`` or by the kernel's OOM killer.
+
+        ``reason`` is ``"memory-limit"`` or ``"oom-killer"``; ``limit_bytes``,
+        ``rss_bytes`` (last sample) and ``peak_rss_bytes`` say what was seen.
+        """
+
+        cause = "memory"
+
+        def __init__(
+            self,
+            worker_id: int,
+            pid: int | None,
+            exitcode: int | None,
+            task_id: int | None = None,
+            detail: str = "",
+            *,
+            reason: str = "memory-limit",
+            limit_bytes: int | None = None,
+            rss_bytes: int | None = None,
+            peak_rss_bytes: int | None = None,
+        ) -> None:
+            super().__init__(worker_id, pid, exitcode, task_id, detail)
+            self.reason = reason
+            self.limit_bytes = limit_bytes
+            self.rss_bytes = rss_bytes
+            self.peak_rss_bytes = peak_rss_bytes
+
+        def __str__(self) -> str:
+            limit = self.limit_bytes
+            peak = self.peak_rss_bytes if self.peak_rss_bytes is not None else self.rss_bytes
+            if self.reason == "oom-killer":
+                msg = (f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed "
+                       f"by the kernel's OOM killer (its cgroup's limit: {_size(limit)}); the worker owned "
+                       f"{_size(peak)} at its largest sample")
+            else:
+                msg = (f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by "
+                       f"fastpool: it owned {_size(peak, limit)}, over memory_limit {_size(limit, peak)}")
+            return msg + (f"; {self.detail}" if self.detail else "")
+
+    class InitializerError(BrokenPool):
+        """The pool's ``initializer`` raised or exited in a worker; the slot backs off."""
+
+        def __init__(self, message: str, worker_id: int | None = None) -> None:
+            super().__init__(message, worker_id)
+            self.message = message
+            self.worker_id = worker_id
+
+        def __str__(self) -> str:
+            return self.message
+
+    family = {cls.__name__: cls for cls in (BrokenPool, WorkerCrashed, PoisonTask, WorkerHung,
+                                           WorkerMemoryError, InitializerError)}
+    for cls in family.values():
+        cls.__qualname__ = cls.__name__  # pickle and tracebacks: fastpool.errors.WorkerCrashed
+    return family

@@ -18,6 +18,7 @@ from fastpool._sizing import (
     cpu_quota,
     default_workers,
     find_cgroups,
+    meminfo_bytes,
     memory_limit_bytes,
     parse_memory,
     parse_mountinfo,
@@ -312,6 +313,51 @@ def test_total_memory_is_the_smaller_of_limit_and_ram(tmp_path: Path) -> None:
 def test_real_machine_memory_figures_are_sane() -> None:
     total, available = total_memory_bytes(), available_memory_bytes()
     assert 0 < available <= total <= psutil.virtual_memory().total
+
+
+MEMINFO = "MemTotal:       24555244 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n"
+
+
+def with_meminfo(root: Path, text: str) -> Path:
+    (root / "proc" / "meminfo").write_text(text)
+    return root
+
+
+def test_meminfo_fields_are_read_in_bytes(tmp_path: Path) -> None:
+    root = with_meminfo(v2_root(tmp_path, {}), MEMINFO)
+    assert meminfo_bytes("MemTotal", root) == 24555244 * 1024
+    assert meminfo_bytes("MemAvailable", root) == 20000000 * 1024
+    assert meminfo_bytes("Mem", root) is None  # a prefix of a key is not the key
+    assert meminfo_bytes("MemTotal", tmp_path / "elsewhere") is None
+
+
+def test_memory_figures_come_from_meminfo_without_psutil(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_psutil() -> None:
+        raise AssertionError("psutil used where /proc/meminfo is readable")
+
+    monkeypatch.setattr(psutil, "virtual_memory", no_psutil)
+    free = with_meminfo(v2_root(tmp_path / "free", {"memory.max": "max"}), MEMINFO)
+    assert total_memory_bytes(root=free) == 24555244 * 1024
+    assert available_memory_bytes(root=free) == 20000000 * 1024
+    limited = with_meminfo(
+        v2_root(tmp_path / "limited", {"memory.max": str(GiB), "memory.current": str(GiB // 4)}), MEMINFO)
+    assert total_memory_bytes(root=limited) == GiB
+    assert available_memory_bytes(root=limited) == GiB - GiB // 4
+
+
+def test_a_kernel_without_memavailable_falls_back_to_psutil(tmp_path: Path) -> None:
+    root = with_meminfo(v2_root(tmp_path, {"memory.max": "max"}), "MemTotal:  2048 kB\nMemFree:  1024 kB\n")
+    assert total_memory_bytes(root=root) == 2048 * 1024
+    assert available_memory_bytes(root=root) == pytest.approx(psutil.virtual_memory().available, rel=0.05)
+
+
+def test_this_machines_meminfo_is_what_psutil_reports() -> None:
+    if meminfo_bytes("MemTotal") is None:
+        pytest.skip("no /proc/meminfo here")
+    assert meminfo_bytes("MemTotal") == psutil.virtual_memory().total
+    assert meminfo_bytes("MemAvailable") == pytest.approx(psutil.virtual_memory().available, rel=0.05)
 
 
 # --- parse_memory --------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""Claims about what ``import fastpool`` and a first pool load (issue 8, section 4).
+
+Claims about modules, not times: each check runs in a fresh interpreter (NumPy
+imported first, as users run it) and reads ``sys.modules``, so it holds on a
+loaded machine too. The times, as ratios to the stdlib's imports, are in
+benchmarks/test_bench_start.py.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+
+# Each is paid only where it is used: psutil off Linux, cloudpickle when a function
+# goes by value, threadpoolctl in a worker with spare cores, asyncio for a coroutine,
+# concurrent.futures.process (multiprocessing) for the BrokenPool family, pool.py
+# and what it brings at the first `fastpool.Pool`, the worker's loop in workers.
+NOT_AT_IMPORT = (
+    "psutil",
+    "cloudpickle",
+    "threadpoolctl",
+    "asyncio",
+    "multiprocessing",
+    "multiprocessing.connection",
+    "concurrent.futures.process",
+    "subprocess",
+    "fastpool.pool",
+    "fastpool._supervisor",
+    "fastpool._verdict",
+    "fastpool._memory",
+    "fastpool._sizing",
+    "fastpool._worker",
+    "fastpool._serve",
+    "fastpool.cli",
+    "fastpool.dask",
+    "distributed",
+)
+
+
+def run_fresh(code: str, env: dict[str, str] | None = None) -> str:
+    """``code`` in a new interpreter that has imported numpy; its stdout."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), full_env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-c", "import numpy\n" + textwrap.dedent(code)],
+                          capture_output=True, text=True, env=full_env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def loaded_after(code: str, names: tuple[str, ...], env: dict[str, str] | None = None) -> set[str]:
+    """Which of ``names`` are in ``sys.modules`` after ``code`` ran in a fresh interpreter."""
+    report = f"\nimport sys\nprint(' '.join(n for n in {names!r} if n in sys.modules))\n"
+    code = textwrap.dedent(code) + report
+    out = run_fresh(code, env)
+    return set(out.split())
+
+
+def test_import_fastpool_loads_none_of_what_it_defers() -> None:
+    assert loaded_after("import fastpool", NOT_AT_IMPORT) == set()
+
+
+def test_the_checks_here_do_see_a_loaded_module() -> None:
+    # The claims above are absences; this shows the reader finds what is there.
+    assert loaded_after("import fastpool", ("fastpool", "fastpool._core", "fastpool.errors")) == {
+        "fastpool", "fastpool._core", "fastpool.errors"}
+
+
+def test_naming_pool_loads_the_machinery_and_not_the_extras() -> None:
+    loaded = loaded_after("from fastpool import Pool", NOT_AT_IMPORT)
+    assert {"fastpool.pool", "fastpool._supervisor"} <= loaded
+    assert loaded.isdisjoint({"psutil", "cloudpickle", "threadpoolctl", "asyncio", "multiprocessing",
+                              "concurrent.futures.process", "fastpool._worker", "fastpool._serve"})
+
+
+def test_every_public_name_resolves_and_is_listed() -> None:
+    out = run_fresh("""
+        import fastpool
+        missing = [n for n in fastpool.__all__ if n not in dir(fastpool)]
+        for n in fastpool.__all__:
+            getattr(fastpool, n)
+        print(missing, fastpool.pool.Pool is fastpool.Pool,
+              fastpool.errors.WorkerCrashed is fastpool.WorkerCrashed)
+    """)
+    assert out.split("\n")[0] == "[] True True"
+
+
+def test_naming_the_broken_family_loads_its_stdlib_base_once() -> None:
+    out = run_fresh("""
+        import sys
+        import fastpool
+        before = "concurrent.futures.process" in sys.modules
+        from concurrent.futures.process import BrokenProcessPool
+        from fastpool.errors import WorkerCrashed
+        print(before, issubclass(fastpool.WorkerCrashed, BrokenProcessPool),
+              fastpool.WorkerCrashed is WorkerCrashed is fastpool.errors.WorkerCrashed)
+    """)
+    assert out.split() == ["False", "True", "True"]
+
+
+def test_a_crash_pickled_elsewhere_is_caught_by_a_fresh_process() -> None:
+    # A worker's exception crosses to a process that has not named the family yet:
+    # unpickling makes it, and `except fastpool.WorkerCrashed` catches the result.
+    from fastpool import errors
+
+    crash = errors.WorkerMemoryError(3, 4245, -9, 20, "over", reason="oom-killer", limit_bytes=2**30)
+    data = pickle.dumps(crash)
+    out = run_fresh(f"""
+        import pickle, sys
+        import fastpool
+        exc = pickle.loads({data!r})
+        from concurrent.futures.process import BrokenProcessPool
+        try:
+            raise exc
+        except fastpool.WorkerCrashed as caught:
+            print(type(caught) is fastpool.WorkerMemoryError, isinstance(caught, BrokenProcessPool),
+                  caught.reason, caught.limit_bytes)
+    """)
+    assert out.split() == ["True", "True", "oom-killer", str(2**30)]
+
+
+_FIRST_POOL = """
+    import time
+    import fastpool
+    import _tasks
+
+    with fastpool.Pool(1, memory_interval_s=0.01) as pool:
+        assert pool.submit(_tasks.double, 21).result(timeout=60) == 42
+        # until a memory tick has sampled the worker and read the available memory
+        # (tests/_waiting.py's wait_for, inline: that module imports psutil)
+        deadline = time.monotonic() + 30
+        while not (pool.stats()["workers"][0]["rss_bytes"] and pool.stats()["available_memory_bytes"]):
+            assert time.monotonic() < deadline, f"no memory sample within 30 s: {pool.stats()}"
+            time.sleep(0.005)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="psutil is the reader where /proc is not")
+def test_a_first_pool_that_sampled_memory_has_not_imported_psutil_or_cloudpickle() -> None:
+    names = ("psutil", "cloudpickle", "threadpoolctl", "concurrent.futures.process", "multiprocessing")
+    assert loaded_after(_FIRST_POOL, names) == set()
+
+
+def test_a_spawned_template_does_not_load_the_parents_machinery() -> None:
+    # The template imports this package too; what it has, every worker forks with.
+    out = run_fresh("""
+        import fastpool
+        with fastpool.Pool(1) as pool:
+            names = pool.submit(eval, "sorted(__import__('sys').modules)").result(timeout=120)
+        print(" ".join(names))
+    """, env={"FASTPOOL_TEMPLATE_START": "spawn"})
+    in_worker = set(out.split())
+    assert {"fastpool", "fastpool._worker", "numpy"} <= in_worker
+    assert in_worker.isdisjoint({"fastpool.pool", "fastpool._supervisor", "fastpool._verdict",
+                                 "fastpool._sizing", "concurrent.futures.process", "psutil"})
