@@ -96,6 +96,7 @@ else:
         "PoolOptions",
         "TaskFunction",
         "task",
+        "progress",
         "cancelled",
         "transfer",
         "shutdown_template",
