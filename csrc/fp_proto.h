@@ -41,4 +41,9 @@ static inline uint64_t fp_aux_call(uint32_t fn_id, uint64_t fn_len, int flush)
     return (uint64_t)fn_id | (fn_len << 32) | (flush ? FP_AUX_FLUSH : 0);
 }
 
+/* A result's aux word is its run time in ns; this bit says its payload ends with
+ * the list of blocks the worker handed over with it (see _codec.with_handoffs),
+ * so the parent can take them back even if the result cannot be decoded. */
+#define FP_AUX_HANDOFFS ((uint64_t)1 << 62)
+
 #endif /* FP_PROTO_H */

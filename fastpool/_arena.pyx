@@ -710,6 +710,16 @@ def detach(arr, newtype):
         raise TypeError("only views of shared memory with at least one dimension can be transferred")
 
 
+_handoffs_taken = None  # while the parent decodes a result: the handoffs rebuild() took back
+
+
+def log_handoffs(taken):
+    """While taken is a list, rebuild() appends each handoff it takes back to it
+    (the parent's driver thread, around one result's decoding; None to stop)."""
+    global _handoffs_taken
+    _handoffs_taken = taken
+
+
 def rebuild(uint64_t token, uint64_t off, uint64_t gen, Py_ssize_t byte_off, dtype, shape, strides,
             bint readonly, int src):
     """Unpickles a descriptor (see _codec): a view of the block from this process's mapping.
@@ -724,6 +734,8 @@ def rebuild(uint64_t token, uint64_t off, uint64_t gen, Py_ssize_t byte_off, dty
     blk = (<Arena>arena).ref(off, gen, readonly)
     if src >= 0:
         (<Arena>arena).unref_for(<uint32_t>src, off)
+        if _handoffs_taken is not None:
+            _handoffs_taken.append(off)
     import numpy
     arr = numpy.ndarray(shape, dtype, buffer=blk, offset=byte_off, strides=strides)
     if readonly:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import struct
 import sys
 import traceback
 import types
@@ -380,10 +381,55 @@ def encode_result(result: Any, owned: Any = None) -> bytes:
     """A worker's result: large arrays into its own region, handed off to the parent.
 
     ``owned``: ids of the NumPy-hook arrays only ``result`` holds (_alloc.owned_roots);
-    they are sent as they are, every other array is copied."""
+    they are sent as they are, every other array is copied.  The blocks handed
+    over are remembered for ``with_handoffs``."""
     if _HOOK_PENDING[0]:
         _install_hook()
+    _LAST_HANDED[0] = None
     return encode(result, None if type(result) in _ATOMIC else _PROCESS_ARENA[0], None, True, owned)
+
+
+_HANDOFFS = struct.Struct("<II")  # trailer end: how many offsets, and a magic
+_HANDOFFS_MAGIC = 0x46504844  # "FPHD"
+
+
+def with_handoffs(payload: bytes) -> bytes | None:
+    """The last encoded result with the offsets of the blocks it handed over
+    appended (so the parent can take them back even if it cannot decode the
+    result); None when it handed over none."""
+    last = _LAST_HANDED[0]
+    if last is None or not last[1]:
+        return None
+    offs = last[1]
+    return payload + struct.pack(f"<{len(offs)}Q", *offs) + _HANDOFFS.pack(len(offs), _HANDOFFS_MAGIC)
+
+
+def decode_result(payload: bytes, arena: Any, src: int) -> Any:
+    """The parent's decoding of a result whose payload carries its handoffs (see
+    with_handoffs), from worker process ``src`` of ``arena``.  If decoding fails part-way, the
+    handoffs not yet taken back are dropped here, so no block stays pinned; the
+    error is then raised.  Raises SegmentCorrupt for a trailer that does not hold."""
+    from fastpool import _arena
+
+    end = len(payload) - _HANDOFFS.size
+    n, magic = _HANDOFFS.unpack_from(payload, end) if end >= 0 else (0, 0)
+    start = end - 8 * n
+    if magic != _HANDOFFS_MAGIC or start < 0:
+        raise errors.SegmentCorrupt("a result's list of handed-over blocks is damaged")
+    offs = struct.unpack_from(f"<{n}Q", payload, start)
+    taken: list[int] = []
+    _arena.log_handoffs(taken)
+    try:
+        return loads(memoryview(payload)[:start])
+    except BaseException:
+        for off in offs:
+            if off in taken:
+                taken.remove(off)
+            else:
+                arena.unref_for(src, off)
+        raise
+    finally:
+        _arena.log_handoffs(None)
 
 
 def encode_args(obj: Any, args: Any, kwargs: dict, arena: Any = None, keep: list | None = None) -> bytes:

@@ -110,5 +110,6 @@ cdef extern from "fp_proto.h" nogil:
     uint32_t FP_AUX_FN_ID(uint64_t aux)
     uint64_t FP_AUX_FN_LEN(uint64_t aux)
     uint64_t FP_AUX_FLUSH
+    uint64_t FP_AUX_HANDOFFS
     uint64_t FP_AUX_FN_LEN_MAX
     uint64_t fp_aux_call(uint32_t fn_id, uint64_t fn_len, int flush)

@@ -58,7 +58,7 @@ cdef class Dispatch:
     cdef object _flock                 # its lock
     cdef object _progress              # Condition: a driver settled something
     cdef list _pending                 # hook events seen under the lock, run after it
-    cdef list _discard                 # payloads of unknown replies: decoded (to unpin blocks), dropped
+    cdef list _discard                 # (payload, handoff src) of replies nobody reads: decoded (to unpin blocks), dropped
     cdef int _fg_waiting
     cdef int64_t _last_fg
     cdef int _next_poll
@@ -75,6 +75,7 @@ cdef class Dispatch:
     cdef int _sample(self, Task task, int64_t run_ns) except -1
     cdef int _count_decode_failure(self, Task task) except -1
     cdef int _count_chunk_failure(self, Task task, Py_ssize_t done) except -1
+    cdef int _drop_result(self, bytes payload, int src) except -1
     cdef int _run_events(self) except -1
     cdef bint _ok(self, object fut, object pred) except -1
     cdef object _drive_until(self, object fut, object pred, object timeout)

@@ -51,7 +51,7 @@ from fastpool._core import ring_limit_error
 
 from fastpool._core cimport (
     FP_K_CALL, FP_K_CALLKW, FP_K_CHUNK, FP_K_INIT, FP_K_STARCHUNK, FP_R_BAD_RESULT, FP_R_ERR, FP_R_INIT_FAILED,
-    FP_R_OK, FP_R_READY, FP_R_SKIPPED, Board, fp_aux_call, fp_now_ns, fp_recv_t,
+    FP_AUX_HANDOFFS, FP_R_OK, FP_R_READY, FP_R_SKIPPED, Board, fp_aux_call, fp_now_ns, fp_recv_t,
 )
 from fastpool._sys cimport FP_AGAIN, FP_CORRUPT, FP_OK, FP_TOOBIG
 from fastpool._task cimport Fn, Task, is_done, new_future, notify_cancelled, settle_future, wire_of
@@ -91,16 +91,6 @@ COUNTER_NAMES = (
     "chunks", "chunks_completed", "chunks_failed", "chunks_cancelled", "items",
     "unknown_replies", "bad_results", "retried",
 )
-
-
-cdef int _discard(bytes payload) except -1:
-    """Decodes a result nobody will read, and drops it: decoding is what returns the
-    worker's handoff references on the shared blocks it names (else they stay pinned)."""
-    try:
-        _loads(payload)
-    except Exception:  # noqa: BLE001 - nothing to tell anyone about a result nobody wants
-        pass
-    return 0
 
 
 cdef inline bint _atomic(object x):
@@ -504,8 +494,8 @@ cdef class Dispatch:
             self._acquire()
             dropped, self._discard = self._discard, []
             self._release()
-            for payload in dropped:
-                _discard(payload)
+            for payload, src in dropped:
+                self._drop_result(payload, src)
         n += self._run_events()
         if self.board.take_attention():
             n += 1
@@ -563,7 +553,7 @@ cdef class Dispatch:
             if task is None:  # not a task this slot holds (late, or never ours): drop it
                 self._counts[C_UNKNOWN] += 1
                 if kind == FP_R_OK and payload is not None:
-                    self._discard.append(payload)
+                    self._discard.append((payload, s + 1 if rec.aux & FP_AUX_HANDOFFS else 0))
                 continue
             if kind == FP_R_SKIPPED and not task.cancel_requested and not task.settled:
                 # Nobody asked to drop it: the worker's skip words were overwritten.
@@ -587,12 +577,13 @@ cdef class Dispatch:
                     events.append(("retire", s, 0))
             if task.settled:  # cancelled while its worker held it: counted then
                 if kind == FP_R_OK and payload is not None:
-                    self._discard.append(payload)
+                    self._discard.append((payload, s + 1 if rec.aux & FP_AUX_HANDOFFS else 0))
                 continue
             self._inflight.pop(task.id, None)
             task.rkind = kind
             task.payload = payload
-            task.run_ns = rec.aux
+            task.run_ns = rec.aux & ~FP_AUX_HANDOFFS
+            task.handoff_src = s + 1 if rec.aux & FP_AUX_HANDOFFS else 0
             if kind == FP_R_SKIPPED or task.cancel_requested:
                 self._counts[C_CHUNKS_CANCELLED if task.items else C_CANCELLED] += 1
             elif kind == FP_R_OK:
@@ -606,7 +597,7 @@ cdef class Dispatch:
                     self._counts[C_BAD_RESULTS] += 1
                 self._counts[C_CHUNKS_FAILED if task.items else C_FAILED] += 1
             if kind != FP_R_SKIPPED:
-                self._sample(task, <int64_t>rec.aux)
+                self._sample(task, task.run_ns)
             settle.append(task)
         return k
 
@@ -628,13 +619,14 @@ cdef class Dispatch:
         task.payload = None
         if kind == FP_R_SKIPPED or task.cancel_requested:
             if kind == FP_R_OK and payload is not None:
-                _discard(payload)
+                self._drop_result(payload, task.handoff_src)
             return self._finish(task, None, None, True)
         if kind == FP_R_OK:
             if payload is None:
                 return self._finish(task, None, None, False)
             try:
-                value = _loads(payload)
+                value = _codec.decode_result(payload, self._arena, task.handoff_src) if task.handoff_src \
+                    else _loads(payload)
             except Exception as exc:  # noqa: BLE001 - the parent cannot rebuild the result
                 self._count_decode_failure(task)
                 return self._finish(task, None, errors.SerializationError(
@@ -669,6 +661,19 @@ cdef class Dispatch:
             self._counts[C_COMPLETED] -= 1
             self._counts[C_FAILED] += 1
         self._release()
+        return 0
+
+    cdef int _drop_result(self, bytes payload, int src) except -1:
+        """Decodes a result nobody will read, and drops it: decoding is what returns
+        the worker's handoff references on the shared blocks it names (else they
+        stay pinned); a payload that cannot be decoded gives them back too."""
+        try:
+            if src:
+                _codec.decode_result(payload, self._arena, src)
+            else:
+                _loads(payload)
+        except Exception:  # noqa: BLE001 - nothing to tell anyone about a result nobody wants
+            pass
         return 0
 
     cdef int _count_chunk_failure(self, Task task, Py_ssize_t done) except -1:

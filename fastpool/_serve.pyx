@@ -25,7 +25,7 @@ from fastpool import _call, _codec, errors
 from fastpool._lazy import asyncio  # only a task returning a coroutine needs it
 
 from fastpool._core cimport (
-    FP_AUX_FLUSH, FP_AUX_FN_ID, FP_AUX_FN_LEN, FP_K_CALL, FP_K_CALLKW, FP_K_STARCHUNK, FP_K_STOP,
+    FP_AUX_FLUSH, FP_AUX_FN_ID, FP_AUX_FN_LEN, FP_AUX_HANDOFFS, FP_K_CALL, FP_K_CALLKW, FP_K_STARCHUNK, FP_K_STOP,
     FP_K_TASK_LIMIT, FP_R_BAD_RESULT, FP_R_ERR, FP_R_OK, FP_R_SKIPPED, Board, fp_now_ns, fp_recv_t,
 )
 from fastpool._alloc cimport owned_roots
@@ -67,11 +67,13 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
     cdef uint32_t kind, rkind
     cdef uint64_t wire, aux, flen
     cdef int64_t t0, spin_ns = _ns(spin_s), slice_ns = _ns(pop_slice_s), spin = spin_ns
+    cdef uint64_t flags
     cdef bint skipped, sent
     cdef const char *outp
     cdef Py_ssize_t outn
     encode_exception = _codec.encode_exception
     encode_result = _codec.encode_result
+    with_handoffs = _codec.with_handoffs
     encode_bad_result = _codec.encode_bad_result
     run_chunk = _call.run_chunk
     while True:
@@ -110,6 +112,7 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
         out = None
         rkind = FP_R_OK
         damaged = False
+        flags = 0
         try:
             fn = fns.get(fid)
             if fn is None:
@@ -136,6 +139,9 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
                     try:
                         # owned_roots first, while serve's local is the result's only holder
                         out = encode_result(result, owned_roots(result))
+                        marked = with_handoffs(out)
+                        if marked is not None:  # the parent can take them back whatever happens
+                            out, flags = marked, FP_AUX_HANDOFFS
                     except errors.SharedMemoryError as exc:  # the arena is full: say so, as itself
                         out, rkind = encode_exception(exc), FP_R_ERR
                     except errors.SegmentCorrupt as exc:  # its arena region was written over
@@ -151,9 +157,10 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
         else:
             outp, outn = PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out)
         try:
-            sent = board.put_result(slot, rkind, wire, fp_now_ns() - t0, outp, outn, RESULT_WAIT_NS) == 1
+            sent = board.put_result(slot, rkind, wire, (fp_now_ns() - t0) | flags, outp, outn, RESULT_WAIT_NS) == 1
         except Exception as exc:  # noqa: BLE001 - a result over the ring limit: say so instead
             _codec.release_handoff(out)
+            flags = 0
             err = encode_exception(exc)
             sent = board.put_result(slot, FP_R_ERR, wire, fp_now_ns() - t0, PyBytes_AS_STRING(err),
                                     PyBytes_GET_SIZE(err), RESULT_WAIT_NS) == 1

@@ -30,6 +30,7 @@ cdef class Task:
     cdef public bint settled
     cdef public uint32_t rkind         # the reply's kind and payload, between read and settle
     cdef public object payload
+    cdef public int handoff_src        # the worker process whose handoffs the payload lists (0: none)
 
 
 cdef inline uint64_t wire_of(Task t) noexcept:

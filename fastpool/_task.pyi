@@ -45,6 +45,7 @@ class Task:
     settled: bool
     rkind: int
     payload: Any
+    handoff_src: int
     @property
     def wire(self) -> int: ...
     @property

@@ -82,8 +82,6 @@ def test_a_result_too_big_for_the_ring_releases_its_block():
         assert pool.stats()["crashed"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a result whose unpickling fails in the parent before it reaches "
-                                       "an array descriptor leaves that block's handoff reference pinned")
 def test_a_result_that_fails_to_unpickle_releases_its_blocks(pool):
     baseline = _live(pool)
     with pytest.raises(fastpool.SerializationError):
