@@ -37,13 +37,14 @@ import os
 import sys
 from typing import Any, Callable
 
+from fastpool._blas import BLAS_THREAD_VARS
+
 _OPENBLAS_PREFIXES = ("openblas", "scipy_openblas")
 _OPENBLAS_SUFFIXES = ("", "64_", "_64", "_64_")
 # Thread-pool libraries threadpoolctl knows besides OpenBLAS: when one is mapped, the
 # template limits BLAS threads through threadpoolctl instead of OpenBLAS's own call.
 _OTHER_POOL_LIBS = ("gomp", "iomp", "libomp", "mkl", "blis", "flexiblas")
-BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "BLIS_NUM_THREADS")
+BLAS_VARS = BLAS_THREAD_VARS
 
 
 def os_threads() -> int:

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastpool._blas import BLAS_THREAD_VARS
 from fastpool._lazy import psutil  # only where /proc/meminfo is missing (not Linux)
 
 __all__ = [
@@ -66,14 +67,6 @@ StrPath = str | os.PathLike[str]
 # pages and other near-2**63 values on other page sizes; no real limit is 1 EiB.
 V1_UNLIMITED_BYTES = 2**60
 
-BLAS_THREAD_VARS: tuple[str, ...] = (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "BLIS_NUM_THREADS",
-)
 
 
 @dataclass(frozen=True)
