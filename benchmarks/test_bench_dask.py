@@ -11,7 +11,7 @@ Groups (one table each, ratios to fastpool; nothing asserts a time):
 
 * per-task overhead: one no-op call, submit then result, one at a time;
 * throughput: SUBMITS no-op submits, then wait for all;
-* batch job: the demo's NumPy batch job (``fastpool._demo.process_batch`` over
+* batch job: the demo's NumPy batch job (``fastpool.cli._demo_parts.process_batch`` over
   BATCHES arrays of 384 x 512 float64, ~8 ms each) through each peer's ``map``.
   The arrays travel by value, as a user's first port would send them.
 
@@ -32,7 +32,7 @@ from _peers import median_s, tag
 
 distributed = pytest.importorskip("distributed", reason="needs the dask extra: pip install -e '.[dask]'")
 
-from fastpool._demo import make_batches, process_batch  # noqa: E402
+from fastpool.cli._demo_parts import make_batches, process_batch  # noqa: E402
 
 SUBMITS = 200
 BATCHES = 64
