@@ -14,7 +14,7 @@ Each method takes the dispatch lock itself and calls hooks only after
 releasing it; the hot path lives in _dispatch.
 """
 
-from cpython.pythread cimport PyThread_get_thread_ident
+from cpython.pythread cimport WAIT_LOCK, PyThread_acquire_lock, PyThread_get_thread_ident, PyThread_release_lock
 from libc.stdint cimport uint64_t
 
 from fastpool import errors
@@ -29,6 +29,18 @@ from fastpool._dispatch import COUNTER_NAMES
 
 cdef class Dispatcher(Dispatch):
     """The dispatcher with supervision's handles (see the module docstring)."""
+
+    def holding_drive(self):
+        """True on the thread that consumes results right now (a done-callback there)."""
+        return self._driver == PyThread_get_thread_ident()
+
+    def lock_drive(self):
+        """Takes the drive lock for the caller (teardown: nobody may be inside a wait)."""
+        with nogil:
+            PyThread_acquire_lock(self._drive, WAIT_LOCK)
+
+    def unlock_drive(self):
+        PyThread_release_lock(self._drive)
 
 
     def slot_spawned(self, int s, bytes init_payload, uint64_t req):

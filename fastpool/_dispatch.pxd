@@ -73,8 +73,7 @@ cdef class Dispatch:
     cdef int _drop_locked(self, Task task) except -1
     cdef int _mark_corrupt(self, int s, str what) except -1
     cdef int _sample(self, Task task, int64_t run_ns) except -1
-    cdef int _count_decode_failure(self, Task task) except -1
-    cdef int _count_chunk_failure(self, Task task, Py_ssize_t done) except -1
+    cdef int _count_failed_ok(self, Task task, Py_ssize_t done) except -1
     cdef int _drop_result(self, bytes payload, int src) except -1
     cdef int _run_events(self) except -1
     cdef bint _ok(self, object fut, object pred) except -1

@@ -628,11 +628,11 @@ cdef class Dispatch:
                 value = _codec.decode_result(payload, self._arena, task.handoff_src) if task.handoff_src \
                     else _loads(payload)
             except Exception as exc:  # noqa: BLE001 - the parent cannot rebuild the result
-                self._count_decode_failure(task)
+                self._count_failed_ok(task, 0)
                 return self._finish(task, None, errors.SerializationError(
                     f"the result of task {task.id}", f"unpickling failed in the parent: {exc!r}"), False)
             if task.items and type(value) is ChunkFailure:
-                self._count_chunk_failure(task, len((<object>value).results))
+                self._count_failed_ok(task, len((<object>value).results))
             return self._finish(task, value, None, False)
         if kind == FP_R_ERR:
             if payload is None:  # see _read_slot: a skip nobody asked for
@@ -651,12 +651,15 @@ cdef class Dispatch:
         self._hooks.on_bad_result(task)
         return self._finish(task, None, exc, False)
 
-    cdef int _count_decode_failure(self, Task task) except -1:
+    cdef int _count_failed_ok(self, Task task, Py_ssize_t done) except -1:
+        # An OK record that was a failure after all: a result the parent could not
+        # decode (done = 0), or a map chunk whose function raised (it carries the
+        # done items before the failing one, and the exception).
         self._acquire()
         if task.items:
             self._counts[C_CHUNKS_COMPLETED] -= 1
-            self._counts[C_ITEMS] -= task.items
             self._counts[C_CHUNKS_FAILED] += 1
+            self._counts[C_ITEMS] -= task.items - done
         else:
             self._counts[C_COMPLETED] -= 1
             self._counts[C_FAILED] += 1
@@ -674,16 +677,6 @@ cdef class Dispatch:
                 _loads(payload)
         except Exception:  # noqa: BLE001 - nothing to tell anyone about a result nobody wants
             pass
-        return 0
-
-    cdef int _count_chunk_failure(self, Task task, Py_ssize_t done) except -1:
-        # A chunk whose function raised comes back in an OK record (the items before
-        # the failing one, and the exception): a failed chunk, and only those items.
-        self._acquire()
-        self._counts[C_CHUNKS_COMPLETED] -= 1
-        self._counts[C_CHUNKS_FAILED] += 1
-        self._counts[C_ITEMS] -= task.items - done
-        self._release()
         return 0
 
     cdef int _finish(self, Task task, object value, object exc, bint cancelled) except -1:
@@ -816,15 +809,3 @@ cdef class Dispatch:
                 PyThread_release_lock(self._drive)
             if n == 0 and not board.wanted() and not self.torn_down:
                 board.wait_results(PARK_SLICE_S, 0.0)
-
-    def holding_drive(self):
-        """True on the thread that consumes results right now (a done-callback there)."""
-        return self._driver == PyThread_get_thread_ident()
-
-    def lock_drive(self):
-        """Takes the drive lock for the caller (teardown: nobody may be inside a wait)."""
-        with nogil:
-            PyThread_acquire_lock(self._drive, WAIT_LOCK)
-
-    def unlock_drive(self):
-        PyThread_release_lock(self._drive)
