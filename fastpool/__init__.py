@@ -42,6 +42,7 @@ else:
         PoolClosed,
         QueueFull,
         RemoteError,
+        RegionCorrupt,
         SegmentCorrupt,
         SerializationError,
         SharedMemoryError,
@@ -116,5 +117,6 @@ else:
         "DetachedBufferError",
         "SharedMemoryError",
         "SegmentCorrupt",
+        "RegionCorrupt",
         "__version__",
     ]

@@ -5,19 +5,12 @@ from typing import Any
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 from typing_extensions import disjoint_base  # a C layout: no class can derive from two of these
 
-from fastpool.errors import SegmentCorrupt
+from fastpool.errors import RegionCorrupt
 
 PARENT: int
 ARENA_MIN_BYTES: int
 ARENA_MAX_DEFAULT_BYTES: int
 MEMINFO_CHECK_BYTES: int
-
-class RegionCorrupt(SegmentCorrupt):
-    region: int
-    slot: int | None
-    offset: int
-    detail: str
-    def __init__(self, region: int, detail: str, offset: int = ...) -> None: ...
 
 def lookup(token: int) -> Arena | None: ...
 def mem_available_bytes() -> int | None: ...

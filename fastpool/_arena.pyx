@@ -158,31 +158,11 @@ cdef str _mib(uint64_t n):
     return f"{n / 1048576.0:.1f} MiB"
 
 
-class RegionCorrupt(errors.SegmentCorrupt):
-    """A block chain in the shared arena is damaged: some process wrote over its headers.
-
-    ``region`` is the arena region (0: the parent, 1 + s: worker slot s), ``slot``
-    that worker slot (None for the parent), ``offset`` where in the region the
-    chain broke and ``detail`` what was read there.  Every worker maps the arena
-    read-write, so the culprit is usually, not always, the region's own process."""
-
-    def __init__(self, region: int, detail: str, offset: int = 0) -> None:
-        super().__init__(region, detail, offset)  # kept in .args, so it pickles
-        self.region, self.detail, self.offset = region, detail, offset
-        self.slot = region - 1 if region > 0 else None
-
-    def __str__(self) -> str:
-        who = "the parent" if self.region == 0 else f"worker slot {self.slot}"
-        return (f"shared arena region {self.region} ({who}) is corrupt at +{self.offset}: {self.detail}; a task "
-                "wrote over the arena's block headers (every worker maps them), so that region's blocks can no "
-                "longer be walked")
-
-
 cdef object _damage_error(const fp_arena_damage_t *d, uint32_t nprocs):
     text = fp_arena_damage_text(d.why).decode()
     if d.region >= nprocs:
         return errors.SegmentCorrupt(f"no shared block at arena offset {d.at}: {text} (read {d.value})")
-    return RegionCorrupt(d.region, f"{text} (read {d.value})", d.at)
+    return errors.RegionCorrupt(d.region, f"{text} (read {d.value})", d.at)
 
 
 def geometry(nworkers, budget):
@@ -453,7 +433,7 @@ cdef class Arena:
         elif self._holds_any(b.off, b.size):
             # Handing it out would put two arrays on the same bytes.
             fp_arena_unref(&self._v, self.proc, b.off)
-            raise RegionCorrupt(self.proc, "a free block covers one this process still holds (its counts were "
+            raise errors.RegionCorrupt(self.proc, "a free block covers one this process still holds (its counts were "
                                 "zeroed, or a size was forged)", b.off - self._own_base())
         blk = self._block(&b, False)
         blk.fresh = fresh_len != 0

@@ -86,29 +86,13 @@ def set_parent_spin(double seconds):
 
 
 # Counters: the dispatcher's own events (supervision keeps its own).
-COUNTER_NAMES = (
-    "submitted", "completed", "failed", "cancelled",
-    "chunks", "chunks_completed", "chunks_failed", "chunks_cancelled", "items",
-    "unknown_replies", "bad_results", "retried",
-)
+COUNTER_NAMES = ("submitted", "completed", "failed", "cancelled", "chunks", "chunks_completed",
+                 "chunks_failed", "chunks_cancelled", "items", "unknown_replies", "bad_results", "retried")
 
 
 cdef inline bint _atomic(object x):
     t = type(x)
     return t is int or t is float or t is str or t is bytes or t is bool or x is None or t is complex
-
-
-cdef class _QueueBelow:
-    """A drive predicate: the queue has drained to a low-water mark (or the pool closed)."""
-    cdef Dispatch d
-    cdef Py_ssize_t low
-
-    def __cinit__(self, Dispatch d, Py_ssize_t low):
-        self.d = d
-        self.low = low
-
-    def __call__(self):
-        return len(self.d._queue) <= self.low or self.d._closed
 
 
 cdef class Dispatch:
@@ -332,7 +316,7 @@ cdef class Dispatch:
                     left = _park_slice if deadline < 0 else min(_park_slice, deadline - fp_now_ns() * 1e-9)
                     # drain to a low-water mark, not one slot: one drive per many submits
                     low = self.max_queue - max(1, self.max_queue // 4)
-                    self._drive_until(None, _QueueBelow(self, low), max(left, 0.0))
+                    self._drive_until(None, low, max(left, 0.0))
                 finally:
                     self._acquire()
             task.id = _next_task_id
@@ -715,8 +699,12 @@ cdef class Dispatch:
         return self._drive_until(None, pred, timeout)
 
     cdef bint _ok(self, object fut, object pred) except -1:
+        # what a drive waits for: a future settled, the queue drained to a low-water
+        # mark (pred an int: a blocked submit) or the pool closed, or pred() true
         if fut is not None:
             return is_done(fut)
+        if type(pred) is int:
+            return len(self._queue) <= <Py_ssize_t>pred or self._closed
         return bool(pred())
 
     cdef object _drive_until(self, object fut, object pred, object timeout):

@@ -20,7 +20,8 @@ constructor's signature: ``FastPoolError.__reduce__`` rebuilds from ``__dict__``
     +-- RemoteError(FastPoolError)                 an exception that could not be pickled
     +-- DetachedBufferError(FastPoolError, ValueError)
     +-- SharedMemoryError(FastPoolError, MemoryError)
-    +-- SegmentCorrupt(FastPoolError)
+    +-- SegmentCorrupt(FastPoolError)              a worker wrote over the pool's shared memory
+        +-- RegionCorrupt                          .region .slot .offset .detail: an arena region
 
 The BrokenPool family is made the first time one of its names is read (see
 ``_make_broken_family``): its stdlib base costs more to import than the rest of
@@ -54,6 +55,7 @@ __all__ = [
     "DetachedBufferError",
     "SharedMemoryError",
     "SegmentCorrupt",
+    "RegionCorrupt",
     "signal_name",
 ]
 
@@ -192,7 +194,11 @@ class SharedMemoryError(FastPoolError, MemoryError):
 
 
 class SegmentCorrupt(FastPoolError):
-    """A shared segment's magic or layout version did not match on attach."""
+    """A worker wrote over the pool's shared memory, or a segment's magic or layout
+    version did not match on attach; the message says which segment and what was read.
+
+    Raised on the futures of the tasks that the damage costs (the affected worker's)
+    and by attach; the pool itself goes on. RegionCorrupt narrows it to one arena region."""
 
 
 # --- the BrokenPool family, made on first use ---------------------------------------
@@ -357,3 +363,23 @@ def _make_broken_family() -> dict[str, type]:
     for cls in family.values():
         cls.__qualname__ = cls.__name__  # pickle and tracebacks: fastpool.errors.WorkerCrashed
     return family
+
+
+class RegionCorrupt(SegmentCorrupt):
+    """A block chain in the shared arena is damaged: some process wrote over its headers.
+
+    ``region`` is the arena region (0: the parent, 1 + s: worker slot s), ``slot``
+    that worker slot (None for the parent), ``offset`` where in the region the
+    chain broke and ``detail`` what was read there.  Every worker maps the arena
+    read-write, so the culprit is usually, not always, the region's own process."""
+
+    def __init__(self, region: int, detail: str, offset: int = 0) -> None:
+        super().__init__(region, detail, offset)  # kept in .args, so it pickles
+        self.region, self.detail, self.offset = region, detail, offset
+        self.slot = region - 1 if region > 0 else None
+
+    def __str__(self) -> str:
+        who = "the parent" if self.region == 0 else f"worker slot {self.slot}"
+        return (f"shared arena region {self.region} ({who}) is corrupt at +{self.offset}: {self.detail}; a task "
+                "wrote over the arena's block headers (every worker maps them), so that region's blocks can no "
+                "longer be walked")

@@ -141,7 +141,7 @@ def test_the_size_that_looped_reclaim_for_ever_is_reported_at_once():
          "print(b.off)", str(arena.fileno())],
         pass_fds=(arena.fileno(),), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     assert child.returncode == 0, child.stderr
-    with pytest.raises(_arena.RegionCorrupt, match="region 1 .worker slot 0. is corrupt at \\+0: a block that "
+    with pytest.raises(errors.RegionCorrupt, match="region 1 .worker slot 0. is corrupt at \\+0: a block that "
                        "runs past the region's top .read 18446744073709547520.") as info:
         arena.reclaim(0)
     assert info.value.slot == 0

@@ -130,7 +130,7 @@ def test_attach_checks_the_header_copy_against_the_file_s_real_size(arena):
 
 
 def test_region_corrupt_pickles_with_its_facts():
-    exc = _arena.RegionCorrupt(2, "a block that runs past the region's top (read 5)", 8192)
+    exc = errors.RegionCorrupt(2, "a block that runs past the region's top (read 5)", 8192)
     back = pickle.loads(pickle.dumps(exc))
     assert isinstance(back, errors.SegmentCorrupt)
     assert (back.region, back.slot, back.offset, back.detail) == (2, 1, 8192, exc.detail)
@@ -146,10 +146,10 @@ def test_a_garbage_block_size_is_reported_by_every_walk_naming_its_region(arena,
     poke64(arena, mine[1].off + SIZE_AT, value)
     base = region_base(arena, 2)
     for call in (arena.usage, lambda: arena.reclaim(1), lambda: arena.check_region(2)):
-        with pytest.raises(_arena.RegionCorrupt) as info:
+        with pytest.raises(errors.RegionCorrupt) as info:
             call()
         assert (info.value.region, info.value.slot, info.value.offset) == (2, 1, mine[1].off - base)
-    with pytest.raises(_arena.RegionCorrupt):
+    with pytest.raises(errors.RegionCorrupt):
         worker.alloc(3 * PAGE)  # the region's owner: asks for more than its free blocks hold
     assert set(arena.corrupt_regions()) == {2}
     assert arena.check_region(0) == 1 and arena.check_region(1) == 0 and arena.check_region(3) == 0
@@ -163,16 +163,16 @@ def test_a_garbage_block_size_is_reported_by_every_walk_naming_its_region(arena,
 def test_a_garbage_top_is_reported_and_the_parent_keeps_its_arrays(arena, value):
     held = filled(arena, 10_000, 5.0)
     poke64(arena, TOP_AT + 8 * 0, value)  # the parent's own region
-    with pytest.raises(_arena.RegionCorrupt) as info:
+    with pytest.raises(errors.RegionCorrupt) as info:
         arena.alloc(10)
     assert info.value.region == 0
     if value % 2**64 % PAGE == 0 and value % 2**64 <= arena.region_bytes:
         # a plausible top (0: an empty region): only the owner's own record tells
         assert arena.usage()["live_blocks"] == 0 and arena.reclaim(0) == 0
     else:
-        with pytest.raises(_arena.RegionCorrupt):
+        with pytest.raises(errors.RegionCorrupt):
             arena.usage()
-        with pytest.raises(_arena.RegionCorrupt):
+        with pytest.raises(errors.RegionCorrupt):
             arena.reclaim(0)  # region 0 cannot be walked; the others are reclaimed all the same
     assert (held == 5.0).all()
     arena.close()  # never raises for damage
@@ -183,7 +183,7 @@ def test_a_top_lowered_to_a_block_boundary_is_caught_by_the_owner_s_own_record(a
     blk_b = _arena_block(b)
     poke64(arena, TOP_AT, blk_b.off - region_base(arena, 0))  # b falls off the chain: consistent, but wrong
     assert arena.check_region(0) == 1
-    with pytest.raises(_arena.RegionCorrupt, match="top"):
+    with pytest.raises(errors.RegionCorrupt, match="top"):
         arena.alloc(1000)  # a bump now would land on b
     assert (a == 1.0).all() and (b == 2.0).all()
 
@@ -221,7 +221,7 @@ def test_zeroed_counts_under_a_held_block_are_refused_not_handed_out_twice(arena
     arr = filled(arena, 1000, 9.0)
     blk = _arena_block(arr)
     poke32(arena, blk.off + COUNT_AT, 0)  # a worker zeroes the parent's count: the block looks free
-    with pytest.raises(_arena.RegionCorrupt, match="covers one this process still holds"):
+    with pytest.raises(errors.RegionCorrupt, match="covers one this process still holds"):
         arena.alloc(1000)
     assert (arr == 9.0).all()
 
@@ -233,7 +233,7 @@ def test_a_free_block_forged_to_cover_a_held_one_is_refused(arena):
     size_a, size_b = peek64(arena, a_off + SIZE_AT), peek64(arena, b_off + SIZE_AT)
     poke64(arena, a_off + SIZE_AT, size_a + size_b)  # a plausible chain: first, now over held, then last
     assert arena.check_region(0) == 2
-    with pytest.raises(_arena.RegionCorrupt, match="covers one this process still holds"):
+    with pytest.raises(errors.RegionCorrupt, match="covers one this process still holds"):
         arena.alloc(size_a + size_b - arena.header_bytes)
     assert (held == 2.0).all() and (last == 3.0).all()
 

@@ -34,6 +34,7 @@ SAMPLES: dict[type, BaseException] = {
     errors.DetachedBufferError: errors.DetachedBufferError("the array was transferred to task 3"),
     errors.SharedMemoryError: errors.SharedMemoryError("need 64 MiB of /dev/shm, 12 MiB free"),
     errors.SegmentCorrupt: errors.SegmentCorrupt("magic mismatch on attach"),
+    errors.RegionCorrupt: errors.RegionCorrupt(1, "top past the end", 64),
 }
 
 # What each class must also be, beyond FastPoolError: what callers of
@@ -52,6 +53,7 @@ MUST_BE: dict[type, tuple[type, ...]] = {
     errors.SerializationError: (pickle.PicklingError, pickle.PickleError),
     errors.DetachedBufferError: (ValueError,),
     errors.SharedMemoryError: (MemoryError,),
+    errors.RegionCorrupt: (errors.SegmentCorrupt,),
 }
 
 
