@@ -272,5 +272,5 @@ def plot(results: list[Result], path: str, title: str = "") -> None:
     order = sorted(range(len(texts)), key=lambda i: labels.index(texts[i]))
     ax.legend([handles[i] for i in order], [texts[i] for i in order], fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # long scenario names must not be cut
     plt.close(fig)
