@@ -183,7 +183,17 @@ class MpPoolPeer(Peer):
         self.pool.join()
 
 
-class PpePeer(Peer):
+class _ExecutorPeer(Peer):
+    """A concurrent.futures.Executor in ``self.pool``: submit and map as the standard says."""
+
+    def submit(self, fn, *args):
+        return self.pool.submit(fn, *args)
+
+    def map(self, fn, items, chunksize=None) -> list:
+        return list(self.pool.map(fn, items, chunksize=chunksize or 1))
+
+
+class PpePeer(_ExecutorPeer):
     name = "PPE"
 
     def __init__(self, workers: int) -> None:
@@ -194,17 +204,11 @@ class PpePeer(Peer):
     def start_method(self) -> str:
         return self.pool._mp_context.get_start_method()
 
-    def submit(self, fn, *args):
-        return self.pool.submit(fn, *args)
-
-    def map(self, fn, items, chunksize=None) -> list:
-        return list(self.pool.map(fn, items, chunksize=chunksize or 1))
-
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-class LokyPeer(Peer):
+class LokyPeer(_ExecutorPeer):
     name = "loky"
 
     @staticmethod
@@ -222,12 +226,6 @@ class LokyPeer(Peer):
     @property
     def start_method(self) -> str:
         return "loky"
-
-    def submit(self, fn, *args):
-        return self.pool.submit(fn, *args)
-
-    def map(self, fn, items, chunksize=None) -> list:
-        return list(self.pool.map(fn, items, chunksize=chunksize or 1))
 
     def close(self) -> None:
         # kill_workers: otherwise the reusable executor keeps them for the next caller.
