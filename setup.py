@@ -1,3 +1,4 @@
+import glob
 import os
 
 import numpy
@@ -7,14 +8,13 @@ CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-function", "-D_GNU
 if os.environ.get("FASTPOOL_SANITIZE"):
     CFLAGS += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
 # csrc is header-only; every extension rebuilds when a header or a .pxd changes
-DEPENDS = [os.path.join(d, f) for d, ext in (("csrc", ".h"), ("fastpool", ".pxd"))
-           for f in sorted(os.listdir(d)) if f.endswith(ext)]
+DEPENDS = sorted(glob.glob("csrc/*.h") + glob.glob("fastpool/**/*.pxd", recursive=True))
 
 
 def extension(name: str) -> Extension:
     return Extension(
-        f"fastpool.{name}",
-        sources=[f"fastpool/{name}.pyx"],
+        name,
+        sources=[name.replace(".", "/") + ".pyx"],
         include_dirs=["csrc", numpy.get_include()],
         depends=DEPENDS,
         extra_compile_args=CFLAGS,
@@ -23,4 +23,13 @@ def extension(name: str) -> Extension:
 
 
 # In cimport order: the board, arrays, a task, the dispatcher and its handles, the worker's loop.
-setup(ext_modules=[extension(n) for n in ("_core", "_arena", "_alloc", "_task", "_dispatch", "_control", "_serve")])
+MODULES = (
+    "fastpool._native._core",
+    "fastpool._native._arena",
+    "fastpool._native._alloc",
+    "fastpool._runtime._task",
+    "fastpool._runtime._dispatch",
+    "fastpool._runtime._control",
+    "fastpool._runtime._serve",
+)
+setup(ext_modules=[extension(n) for n in MODULES])

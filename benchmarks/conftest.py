@@ -87,7 +87,10 @@ def pytest_unconfigure(config):
     # interpreter would join at exit, forever. The JSON and the summary are written
     # by now: leave without running atexit handlers, with pytest's exit status.
     if _peers.ABANDONED:
-        print(f"benchmarks: shutdown hung for {_peers.ABANDONED}; exiting with os._exit", file=sys.stderr)
+        print(
+            f"benchmarks: shutdown hung for {_peers.ABANDONED}; exiting with os._exit",
+            file=sys.stderr,
+        )
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(getattr(config, "_bench_exitstatus", 1) or 1)

@@ -128,8 +128,11 @@ def machine_line(data: dict) -> str:
         cpu.get("brand_raw") or machine.get("processor") or "",
         f"{cpu['count']} CPUs" if cpu.get("count") else "",
         f"{machine.get('python_implementation', 'Python')} {machine.get('python_version', '')}".strip(),
-        machine.get("system", "") + (" " + machine.get("release", "") if machine.get("release") else ""),
-        f"commit {commit['id'][:10]}{' (dirty)' if commit.get('dirty') else ''}" if commit.get("id") else "",
+        machine.get("system", "")
+        + (" " + machine.get("release", "") if machine.get("release") else ""),
+        f"commit {commit['id'][:10]}{' (dirty)' if commit.get('dirty') else ''}"
+        if commit.get("id")
+        else "",
         (data.get("datetime") or "")[:19].replace("T", " "),
     ]
     return "_" + "; ".join(p for p in parts if p) + "_"
@@ -150,7 +153,9 @@ def render(data: dict, show_all: bool = False) -> str:
         return rank, mib, index
 
     names = [name for _i, name in sorted(enumerate(groups), key=order)]
-    keys = {k for rows in groups.values() for r in rows for k, v in r["extra"].items() if v is not None}
+    keys = {
+        k for rows in groups.values() for r in rows for k, v in r["extra"].items() if v is not None
+    }
     out = [machine_line(data), ""]
     out += [
         "Median time per call (lower is better); `x fastpool` = peer time / fastpool time, "
@@ -166,7 +171,9 @@ def render(data: dict, show_all: bool = False) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json_file", help="written by pytest --benchmark-json=FILE")
-    parser.add_argument("--all", action="store_true", help="every row, not each peer's best setting")
+    parser.add_argument(
+        "--all", action="store_true", help="every row, not each peer's best setting"
+    )
     args = parser.parse_args(argv)
     with open(args.json_file, encoding="utf-8") as f:
         data = json.load(f)

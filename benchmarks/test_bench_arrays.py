@@ -11,7 +11,7 @@ exist, its shared-memory idioms as extra rows of the same group:
     fastpool [share]  pool.share(arr) inside the timed call: one copy into a segment
     fastpool [empty]  input allocated with pool.empty and filled once, before the timing
                       (round trip: the worker returns arr * 2, which NumPy made in the
-                      worker's shared region, fastpool/_alloc.pyx)
+                      worker's shared region, fastpool/_native/_alloc.pyx)
     fastpool [fill]   round trip where the worker writes into out = pool.empty(...)
                       (allocated inside the timed call), the "worker fills a shared
                       output" idiom (``fill_double``), one task, like the peers
@@ -34,7 +34,6 @@ of the median's sample.
 from __future__ import annotations
 
 import pytest
-
 from _peers import median_s, open_peer, peak_memory, tag
 
 from fastpool._bench.scenarios import (
@@ -101,7 +100,9 @@ def test_round_trip(benchmark, array_peer, mib):
     benchmark.group = round_trip_group(mib)
     arr = make_array(mib)
     call = array_call(array_peer, "round trip", "", arr)
-    out = _measure(benchmark, call, mib, array_peer.name, "", 2 * arr.nbytes, array_peer.start_method)
+    out = _measure(
+        benchmark, call, mib, array_peer.name, "", 2 * arr.nbytes, array_peer.start_method
+    )
     check_doubled(out, arr)
 
 
@@ -136,5 +137,7 @@ def test_round_trip_shared(benchmark, fastpool_peer, mib, idiom):
     _require(fastpool_peer.pool, "share", "empty")
     arr = make_array(mib)
     call = array_call(fastpool_peer, "round trip", idiom, arr)
-    out = _measure(benchmark, call, mib, "fastpool", idiom, 2 * arr.nbytes, fastpool_peer.start_method)
+    out = _measure(
+        benchmark, call, mib, "fastpool", idiom, 2 * arr.nbytes, fastpool_peer.start_method
+    )
     check_doubled(out, arr)  # for [fill]: the worker's writes are visible here, or it is no idiom

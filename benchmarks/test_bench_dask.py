@@ -25,12 +25,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-import pytest
-
 import _tasks
+import pytest
 from _peers import median_s, tag
 
-distributed = pytest.importorskip("distributed", reason="needs the dask extra: pip install -e '.[dask]'")
+distributed = pytest.importorskip(
+    "distributed", reason="needs the dask extra: pip install -e '.[dask]'"
+)
 
 from fastpool.cli._demo_parts import make_batches, process_batch  # noqa: E402
 
@@ -50,8 +51,12 @@ class _Peer:
 def dask_client() -> Iterator[Any]:
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         yield client
 
 
@@ -68,8 +73,11 @@ def _open(name: str, client: Any) -> Iterator[_Peer]:
         with fastpool.dask.Executor(client) as ex:
             yield _Peer(name, ex.submit, lambda fn, items: list(ex.map(fn, items)))
     elif name == "Client.submit":
-        yield _Peer(name, lambda fn, *a: client.submit(fn, *a, pure=False),
-                    lambda fn, items: client.gather(client.map(fn, items, pure=False)))
+        yield _Peer(
+            name,
+            lambda fn, *a: client.submit(fn, *a, pure=False),
+            lambda fn, items: client.gather(client.map(fn, items, pure=False)),
+        )
     else:
         ex = client.get_executor(pure=False)
         yield _Peer(name, ex.submit, lambda fn, items: list(ex.map(fn, items)))
@@ -86,8 +94,9 @@ def peer(request: pytest.FixtureRequest, dask_client: Any) -> Iterator[_Peer]:
 
 def test_dask_per_task_overhead(benchmark, peer):
     benchmark.group = "dask: per-task overhead, no-op submit then result, 2 workers"
-    benchmark.pedantic(lambda: peer.submit(_tasks.noop).result(), rounds=100, iterations=1,
-                       warmup_rounds=5)
+    benchmark.pedantic(
+        lambda: peer.submit(_tasks.noop).result(), rounds=100, iterations=1, warmup_rounds=5
+    )
     median = median_s(benchmark)
     tag(benchmark, peer.name, tasks_per_s=round(1 / median) if median else None)
 
@@ -107,10 +116,13 @@ def test_dask_submit_throughput(benchmark, peer):
 
 
 def test_dask_batch_job(benchmark, peer):
-    benchmark.group = f"dask: the demo's batch job, map over {BATCHES} arrays of 384 x 512, 2 workers"
+    benchmark.group = (
+        f"dask: the demo's batch job, map over {BATCHES} arrays of 384 x 512, 2 workers"
+    )
     batches = make_batches(BATCHES)
-    result = benchmark.pedantic(lambda: peer.map(process_batch, batches), rounds=3, iterations=1,
-                                warmup_rounds=1)
+    result = benchmark.pedantic(
+        lambda: peer.map(process_batch, batches), rounds=3, iterations=1, warmup_rounds=1
+    )
     assert len(result) == BATCHES and result[0][0].shape == (384, 7)
     median = median_s(benchmark)
     tag(benchmark, peer.name, items_per_s=round(BATCHES / median) if median else None)

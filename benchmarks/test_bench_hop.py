@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from _peers import tag
 
 from fastpool._bench.scenarios import LATENCY_CALLS, hop_group, round_trip

@@ -15,5 +15,11 @@ def test_plain_spawn_importing_numpy(benchmark):
     benchmark.group = "start: plain multiprocessing spawn of a child importing numpy (reference)"
     fresh = benchmark.pedantic(spawn_reference_s, rounds=FRESH_RUNS, iterations=1)
     assert fresh > 0
-    tag(benchmark, "mp spawn", start_method="spawn",
-        fresh_ms=round(benchmark.stats.stats.median * 1e3, 1) if getattr(benchmark, "stats", None) else None)
+    tag(
+        benchmark,
+        "mp spawn",
+        start_method="spawn",
+        fresh_ms=round(benchmark.stats.stats.median * 1e3, 1)
+        if getattr(benchmark, "stats", None)
+        else None,
+    )

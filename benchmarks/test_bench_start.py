@@ -41,10 +41,9 @@ import tempfile
 import textwrap
 import time
 
+import _tasks
 import numpy  # noqa: F401  (see the module docstring: the parent has numpy, as users' do)
 import pytest
-
-import _tasks
 from _peers import (
     PEERS,
     TASK_PEERS,
@@ -132,7 +131,9 @@ def test_replacement_worker(benchmark):
             deadline = time.monotonic() + REPLACE_TIMEOUT_S
             while time.monotonic() < deadline:
                 try:
-                    pid = peer.submit(_tasks.getpid).result(timeout=max(0.01, deadline - time.monotonic()))
+                    pid = peer.submit(_tasks.getpid).result(
+                        timeout=max(0.01, deadline - time.monotonic())
+                    )
                 except Exception:
                     continue
                 if pid != victim["pid"]:
@@ -168,7 +169,9 @@ _PRE = """
 import numpy, time, sys, os
 _KIND = dict(_ForkedProcess="template-fork", Popen="template-spawn")
 """
-_FIRST = _PRE + """
+_FIRST = (
+    _PRE
+    + """
 import {module}
 t0 = time.perf_counter()
 {make}
@@ -178,6 +181,7 @@ assert result
 print({start}, elapsed)
 {close}
 """
+)
 _IMPORTS = {  # (peer, idiom): the statement timed
     ("fastpool", ""): "import fastpool",
     # what naming the pool costs: pool.py and the parent's machinery load at the first
@@ -189,18 +193,38 @@ _IMPORTS = {  # (peer, idiom): the statement timed
     ("loky", ""): "import loky",
 }
 _POOLS = {  # peer: (module, constructor, first result, how it starts workers, close)
-    "fastpool": ("fastpool, _tasks", "p = fastpool.Pool({n})", "p.submit(_tasks.import_numpy).result()",
-                 "_KIND[type(__import__('fastpool._template').__dict__['_template'].template()._proc).__name__]",
-                 "p.shutdown()"),
-    "mp.Pool": ("multiprocessing, _tasks", "p = multiprocessing.Pool({n})",
-                "p.apply_async(_tasks.import_numpy).get()", "multiprocessing.get_start_method()",
-                "p.terminate()"),
-    "PPE": ("concurrent.futures, _tasks", "p = concurrent.futures.ProcessPoolExecutor({n})",
-            "p.submit(_tasks.import_numpy).result()", "p._mp_context.get_start_method()", "p.shutdown()"),
-    "loky": ("loky, _tasks", "p = loky.get_reusable_executor({n})", "p.submit(_tasks.import_numpy).result()",
-             "'loky'", "p.shutdown()"),
+    "fastpool": (
+        "fastpool, _tasks",
+        "p = fastpool.Pool({n})",
+        "p.submit(_tasks.import_numpy).result()",
+        "_KIND[type(__import__('fastpool._runtime._template').__dict__['_template'].template()._proc).__name__]",
+        "p.shutdown()",
+    ),
+    "mp.Pool": (
+        "multiprocessing, _tasks",
+        "p = multiprocessing.Pool({n})",
+        "p.apply_async(_tasks.import_numpy).get()",
+        "multiprocessing.get_start_method()",
+        "p.terminate()",
+    ),
+    "PPE": (
+        "concurrent.futures, _tasks",
+        "p = concurrent.futures.ProcessPoolExecutor({n})",
+        "p.submit(_tasks.import_numpy).result()",
+        "p._mp_context.get_start_method()",
+        "p.shutdown()",
+    ),
+    "loky": (
+        "loky, _tasks",
+        "p = loky.get_reusable_executor({n})",
+        "p.submit(_tasks.import_numpy).result()",
+        "'loky'",
+        "p.shutdown()",
+    ),
 }
-_CHILD = _PRE + """
+_CHILD = (
+    _PRE
+    + """
 import multiprocessing, _tasks
 if __name__ == "__main__":
     ctx = multiprocessing.get_context("{method}")
@@ -213,7 +237,10 @@ if __name__ == "__main__":
     assert child.exitcode == 0
     print("{method}", elapsed)
 """
-_SCRIPT = _PRE + """
+)
+_SCRIPT = (
+    _PRE
+    + """
 import fastpool
 
 def total(n):
@@ -224,10 +251,11 @@ if __name__ == "__main__":
     with fastpool.Pool({n}) as p:
         result = p.submit(total, 10).result()
         elapsed = time.perf_counter() - t0
-        kind = _KIND[type(__import__("fastpool._template").__dict__["_template"].template()._proc).__name__]
+        kind = _KIND[type(__import__("fastpool._runtime._template").__dict__["_template"].template()._proc).__name__]
     assert result == 10.0
     print(kind, elapsed)
 """
+)
 
 
 def _fresh_cases() -> dict[tuple[str, str, str], tuple[str, dict[str, str]]]:
@@ -238,15 +266,22 @@ def _fresh_cases() -> dict[tuple[str, str, str], tuple[str, dict[str, str]]]:
         code = _PRE + f"t0 = time.perf_counter()\n{stmt}\nprint('-', time.perf_counter() - t0)\n"
         cases[("import", peer, idiom)] = (code, {})
     for peer, (module, make, submit, start, close) in _POOLS.items():
-        code = _FIRST.format(module=module, make=make.format(n=n), submit=submit, start=start, close=close)
+        code = _FIRST.format(
+            module=module, make=make.format(n=n), submit=submit, start=start, close=close
+        )
         code = "if __name__ == '__main__':\n" + textwrap.indent(code, "    ")
         cases[("first", peer, "")] = (code, {})
         if peer == "fastpool":
-            cases[("first", peer, "spawned template")] = (code, {"FASTPOOL_TEMPLATE_START": "spawn"})
+            cases[("first", peer, "spawned template")] = (
+                code,
+                {"FASTPOOL_TEMPLATE_START": "spawn"},
+            )
     cases[("first", "fastpool", "script")] = (_SCRIPT.format(n=n), {})
     cases[("first", "mp spawn child", "")] = (_CHILD.format(method="spawn", preload=""), {})
     cases[("first", "forkserver child", "")] = (
-        _CHILD.format(method="forkserver", preload="ctx.set_forkserver_preload(['numpy'])"), {})
+        _CHILD.format(method="forkserver", preload="ctx.set_forkserver_preload(['numpy'])"),
+        {},
+    )
     return cases
 
 
@@ -255,10 +290,19 @@ def _run_fresh(code: str, env_extra: dict[str, str], workdir: str) -> tuple[str,
     with open(path, "w") as f:
         f.write(code)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as users run
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH_DIR, os.path.dirname(BENCH_DIR), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (BENCH_DIR, os.path.dirname(BENCH_DIR), env.get("PYTHONPATH")) if p
+    )
     env.update(env_extra)
-    done = subprocess.run([sys.executable, path], cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, path],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"fresh-process case failed:\n{code}\n{done.stderr[-2000:]}")
     how, seconds = done.stdout.split()[-2:]
@@ -294,7 +338,9 @@ def _report(benchmark, samples: list[float]) -> None:
 
 
 @pytest.mark.benchmark(timer=CHILD_CLOCK)
-@pytest.mark.parametrize("peer, idiom", list(_IMPORTS), ids=[f"{p}-{i}" if i else p for p, i in _IMPORTS])
+@pytest.mark.parametrize(
+    "peer, idiom", list(_IMPORTS), ids=[f"{p}-{i}" if i else p for p, i in _IMPORTS]
+)
 def test_fresh_import(benchmark, fresh_samples, peer, idiom):
     if ("import", peer, idiom) not in fresh_samples:
         pytest.skip(f"{peer} is not installed")
@@ -307,11 +353,15 @@ _FIRST_CASES = [key for key in _fresh_cases() if key[0] == "first"]
 
 
 @pytest.mark.benchmark(timer=CHILD_CLOCK)
-@pytest.mark.parametrize("case", _FIRST_CASES, ids=[f"{p}-{i}" if i else p for _, p, i in _FIRST_CASES])
+@pytest.mark.parametrize(
+    "case", _FIRST_CASES, ids=[f"{p}-{i}" if i else p for _, p, i in _FIRST_CASES]
+)
 def test_fresh_first_result(benchmark, fresh_samples, case):
     if case not in fresh_samples:
         pytest.skip(f"{case[1]} is not installed")
-    benchmark.group = f"start: fresh process, construct to first result (numpy first), {START_WORKERS} workers"
+    benchmark.group = (
+        f"start: fresh process, construct to first result (numpy first), {START_WORKERS} workers"
+    )
     how, samples = fresh_samples[case]
     _report(benchmark, samples)
     tag(benchmark, case[1], idiom=case[2], start_method=how)

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import pytest
-
 from _peers import TASK_PEERS, median_s, tag
 
 from fastpool._bench.scenarios import (
@@ -32,7 +31,10 @@ MAP_CASES = [
 
 def test_submit_many(benchmark, peer):
     benchmark.group = submits_group(SUBMITS, peer.workers)
-    assert benchmark.pedantic(submit_many(peer, SUBMITS), rounds=3, iterations=1, warmup_rounds=1) == SUBMITS
+    assert (
+        benchmark.pedantic(submit_many(peer, SUBMITS), rounds=3, iterations=1, warmup_rounds=1)
+        == SUBMITS
+    )
     median = median_s(benchmark)
     tag(benchmark, peer.name, tasks_per_s=round(SUBMITS / median) if median else None)
 

@@ -11,12 +11,12 @@ __version__ = "0.1.0"
 CORE_ERROR: str | None = None  # why the compiled core did not load; None when it did
 
 try:
-    # import_module, not `from fastpool import _core`, whose error for a missing file
+    # import_module, not `from fastpool._native import _core`, whose error for a missing file
     # speaks of a "partially initialized module" and a circular import
-    _importlib.import_module("fastpool._core")
-    _importlib.import_module("fastpool._arena")
+    _importlib.import_module("fastpool._native._core")
+    _importlib.import_module("fastpool._native._arena")
 except ImportError as exc:  # depends on how it was installed and where Python runs from
-    from fastpool import _install
+    from fastpool._runtime import _install
 
     CORE_ERROR = _install.core_missing_message(exc)
     if not _install.launched_as_cli():
@@ -26,23 +26,25 @@ except ImportError as exc:  # depends on how it was installed and where Python r
     del exc
 
     def __getattr__(name: str) -> object:
-        if name.startswith("_"):  # submodules: `from fastpool import _sizing` must still work
+        if name.startswith(
+            "_"
+        ):  # sub-packages: `from fastpool._supervision import _sizing` must still work
             raise AttributeError(name)
         raise ImportError(CORE_ERROR)
 
 else:
-    from fastpool._codec import transfer
-    from fastpool._template import shutdown_template
-    from fastpool._call import TaskFunction, cancelled
     from fastpool import errors as _errors
+    from fastpool._runtime._call import TaskFunction, cancelled
+    from fastpool._runtime._codec import transfer
+    from fastpool._runtime._template import shutdown_template
     from fastpool.errors import (
         CircuitOpen,
         DetachedBufferError,
         FastPoolError,
         PoolClosed,
         QueueFull,
-        RemoteError,
         RegionCorrupt,
+        RemoteError,
         SegmentCorrupt,
         SerializationError,
         SharedMemoryError,
@@ -63,12 +65,13 @@ else:
         "Pool": "fastpool.pool",
         "PoolOptions": "fastpool.pool",
         "task": "fastpool.pool",
-        "progress": "fastpool._progress",
+        "progress": "fastpool._integrations._progress",
         **dict.fromkeys(_errors._BROKEN_FAMILY, "fastpool.errors"),
     }
 
     if _typing.TYPE_CHECKING:
-        from fastpool import pool
+        from fastpool import pool  # noqa: F401 (a lazy name, see _LAZY)
+        from fastpool._integrations._progress import progress
         from fastpool.errors import (
             BrokenPool,
             InitializerError,
@@ -77,7 +80,6 @@ else:
             WorkerHung,
             WorkerMemoryError,
         )
-        from fastpool._progress import progress
         from fastpool.pool import Pool, PoolOptions, task
 
     def __getattr__(name: str) -> object:

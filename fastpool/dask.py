@@ -22,7 +22,8 @@ try:
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "fastpool.dask needs Dask's `distributed` package, which is an optional extra: "
-        f"pip install 'fastpool[dask]' ({_exc})") from _exc
+        f"pip install 'fastpool[dask]' ({_exc})"
+    ) from _exc
 
 import concurrent.futures as cf
 import contextlib
@@ -36,7 +37,7 @@ from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
 from fastpool import errors
-from fastpool._dask_worker import (
+from fastpool._integrations._dask_worker import (
     Call,
     FastpoolPlugin,
     ScatterRef,
@@ -49,8 +50,15 @@ from fastpool._dask_worker import (
     swap,
 )
 
-__all__ = ["Executor", "ExecutorOptions", "FastpoolPlugin", "ScatteredArray",
-           "DaskWorkerCrashed", "DaskWorkerMemoryError", "DaskRemoteTraceback"]
+__all__ = [
+    "Executor",
+    "ExecutorOptions",
+    "FastpoolPlugin",
+    "ScatteredArray",
+    "DaskWorkerCrashed",
+    "DaskWorkerMemoryError",
+    "DaskRemoteTraceback",
+]
 
 MAX_CHUNKSIZE = 8192
 TARGET_CHUNK_S = 0.05  # a Dask task costs ~1-3 ms; a chunk of ~50 ms makes that small
@@ -96,16 +104,23 @@ class DaskWorkerMemoryError(DaskWorkerCrashed, errors.WorkerMemoryError):
 
     cause = "memory"
 
-    def __init__(self, address: str | None, detail: str = "", key: str | None = None,
-                 rss_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        address: str | None,
+        detail: str = "",
+        key: str | None = None,
+        rss_bytes: int | None = None,
+    ) -> None:
         super().__init__(address, detail, key)
         self.args = (address, detail, key, rss_bytes)
         self.reason, self.rss_bytes = "dask-nanny", rss_bytes
 
     def __str__(self) -> str:
         rss = "?" if self.rss_bytes is None else f"{self.rss_bytes / 2**20:.0f} MiB"
-        return (f"Dask's nanny restarted worker {self.address} for memory (RSS {rss}) while it ran "
-                f"task {self.key}; {self.detail}")
+        return (
+            f"Dask's nanny restarted worker {self.address} for memory (RSS {rss}) while it ran "
+            f"task {self.key}; {self.detail}"
+        )
 
 
 class ScatteredArray:
@@ -130,7 +145,8 @@ class ScatteredArray:
     def __reduce__(self) -> Any:
         raise TypeError(
             "a ScatteredArray can be passed to Executor.submit/map as an argument (also inside "
-            "lists, tuples, dicts or functools.partial), not inside other objects")
+            "lists, tuples, dicts or functools.partial), not inside other objects"
+        )
 
     def __repr__(self) -> str:
         return f"<ScatteredArray {self.key} shape={self.shape} dtype={self.dtype}>"
@@ -159,14 +175,17 @@ def _check_plugin(client: Client, name: str, wanted: dict | None) -> None:
     found = client.run(plugin_settings, name)
     missing = sorted(a for a, kw in found.items() if kw is None)
     if missing:
-        raise ValueError(f"no FastpoolPlugin named {name!r} on Dask workers {missing}; create the "
-                         "executor with install=True, or register fastpool.dask.FastpoolPlugin")
+        raise ValueError(
+            f"no FastpoolPlugin named {name!r} on Dask workers {missing}; create the "
+            "executor with install=True, or register fastpool.dask.FastpoolPlugin"
+        )
     other = {a: kw for a, kw in found.items() if wanted is not None and kw != wanted}
     if other:
         raise ValueError(
             f"a FastpoolPlugin named {name!r} with other settings is already on the cluster "
             f"({next(iter(other.values()))}, not {wanted}); Dask keeps the first one. Use another "
-            f"name, or client.unregister_worker_plugin({name!r}) first")
+            f"name, or client.unregister_worker_plugin({name!r}) first"
+        )
 
 
 def _check_options(pure: bool, timeout: float | None, fallback: str | None) -> dict | None:
@@ -211,29 +230,41 @@ class Executor(cf.Executor):
     any thread (not from Dask's event loop).
     """
 
-    def __init__(self, client: Client, *, name: str = "fastpool", install: bool = True,
-                 window: int | None = None, **pool_kwargs: Any) -> None:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        name: str = "fastpool",
+        install: bool = True,
+        window: int | None = None,
+        **pool_kwargs: Any,
+    ) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client, not {type(client).__name__}")
         if client.asynchronous:
-            raise TypeError("fastpool.dask.Executor needs a synchronous Client (asynchronous=False)")
+            raise TypeError(
+                "fastpool.dask.Executor needs a synchronous Client (asynchronous=False)"
+            )
         if window is not None and (not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None, not {window!r}")
         if install:
             client.register_plugin(FastpoolPlugin(name, **pool_kwargs))
         elif pool_kwargs:
-            raise TypeError("pool arguments apply only when this executor installs the plugin "
-                            "(install=True)")
+            raise TypeError(
+                "pool arguments apply only when this executor installs the plugin (install=True)"
+            )
         _check_plugin(client, name, describe_settings(pool_kwargs) if install else None)
         self._client, self._name, self._window = client, name, window
         self._lock = threading.Lock()
         self._closed = False
         self._outstanding: dict[_ClusterFuture, float] = {}  # future -> submit time
-        self._counts = dict(submitted=0, completed=0, failed=0, cancelled=0, chunks=0,
-                            map_window_max=0)
+        self._counts = dict(
+            submitted=0, completed=0, failed=0, cancelled=0, chunks=0, map_window_max=0
+        )
         self._settled: queue.SimpleQueue = queue.SimpleQueue()
-        self._settler = threading.Thread(target=self._settle_loop, daemon=True,
-                                         name=f"fastpool-dask-settle-{name}")
+        self._settler = threading.Thread(
+            target=self._settle_loop, daemon=True, name=f"fastpool-dask-settle-{name}"
+        )
         self._settler.start()
 
     # ---- public API ------------------------------------------------------------
@@ -246,8 +277,13 @@ class Executor(cf.Executor):
         future (see the class docstring).  Thread-safe."""
         return self._submit(run_call, fn, args, kwargs, None)
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
-            chunksize: int | None = None) -> Iterator[Any]:
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int | None = None,
+    ) -> Iterator[Any]:
         """Like ``Executor.map``, but lazy and chunked: one Dask task per chunk, at most
         ``window`` chunks in flight, results in input order.
 
@@ -259,13 +295,15 @@ class Executor(cf.Executor):
         cancelled.  Thread-safe to call; each iterator belongs to one thread."""
         return self._map(fn, iterables, timeout, chunksize, None, ordered=True)
 
-    def imap_unordered(self, fn: Callable[..., Any], iterable: Iterable[Any],
-                       chunksize: int | None = None) -> Iterator[Any]:
+    def imap_unordered(
+        self, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int | None = None
+    ) -> Iterator[Any]:
         """Like ``map`` over one iterable, with results in completion order (per chunk)."""
         return self._map(fn, (iterable,), None, chunksize, None, ordered=False)
 
-    def options(self, *, pure: bool = False, timeout: float | None = None,
-                fallback: str | None = None) -> "ExecutorOptions":
+    def options(
+        self, *, pure: bool = False, timeout: float | None = None, fallback: str | None = None
+    ) -> "ExecutorOptions":
         """A view whose ``submit``/``map``/``imap_unordered`` apply fastpool's options
         in the child's pool: ``pure=True`` reruns a call whose child crashed once
         (then ``PoisonTask``); ``timeout`` kills the child after that many seconds
@@ -285,8 +323,10 @@ class Executor(cf.Executor):
         import numpy as np
 
         if not isinstance(arr, np.ndarray) or arr.dtype.hasobject:
-            raise TypeError("Executor.scatter takes a NumPy array of a non-object dtype "
-                            f"(it goes into shared memory), not {type(arr).__name__}")
+            raise TypeError(
+                "Executor.scatter takes a NumPy array of a non-object dtype "
+                f"(it goes into shared memory), not {type(arr).__name__}"
+            )
         self._check_open()
         dfut = self._client.scatter(arr, broadcast=broadcast, hash=False)
         return ScatteredArray(dfut, arr.shape, arr.dtype, arr.nbytes)
@@ -315,8 +355,9 @@ class Executor(cf.Executor):
         plugin's counters under ``"plugin"``) by worker address.  One round trip to
         every worker; raises what ``client.run`` raises.  Thread-safe."""
         with self._lock:
-            out: dict[str, Any] = dict(self._counts, inflight=len(self._outstanding),
-                                       closed=self._closed)
+            out: dict[str, Any] = dict(
+                self._counts, inflight=len(self._outstanding), closed=self._closed
+            )
         out["workers"] = self._client.run(pool_stats, self._name)
         return out
 
@@ -332,8 +373,14 @@ class Executor(cf.Executor):
         if self._closed:
             raise errors.PoolClosed("cannot schedule new tasks after the executor was shut down")
 
-    def _submit(self, body: Callable[..., Any], fn: Callable[..., Any], args: tuple, kwargs: dict,
-                opts: dict | None) -> _ClusterFuture:
+    def _submit(
+        self,
+        body: Callable[..., Any],
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        opts: dict | None,
+    ) -> _ClusterFuture:
         self._check_open()
         deps: dict[str, distributed.Future] = {}
 
@@ -349,13 +396,15 @@ class Executor(cf.Executor):
         # not send the task body itself into a pool or let Dask retry what fastpool ran.
         try:
             with dask.annotate(executor="default", retries=0):
-                dfut = self._client.submit(body, self._name, call, opts, deps, key=key,
-                                           pure=False, retries=0)
+                dfut = self._client.submit(
+                    body, self._name, call, opts, deps, key=key, pure=False, retries=0
+                )
         except TypeError as exc:  # Dask pickles the task here: "Could not serialize ..."
             root = exc.__cause__ or exc
             raise errors.SerializationError(
                 f"the call of {dask.utils.funcname(fn)!r}",
-                f"{type(root).__name__}: {root}. Nothing was submitted") from exc
+                f"{type(root).__name__}: {root}. Nothing was submitted",
+            ) from exc
         fut = _ClusterFuture(self, dfut)
         with self._lock:
             self._outstanding[fut] = time.time()
@@ -370,8 +419,15 @@ class Executor(cf.Executor):
     def _threads(self) -> int:
         return max(1, sum(self._client.nthreads().values()))
 
-    def _map(self, fn: Callable[..., Any], iterables: tuple, timeout: float | None,
-             chunksize: int | None, opts: dict | None, ordered: bool) -> Iterator[Any]:
+    def _map(
+        self,
+        fn: Callable[..., Any],
+        iterables: tuple,
+        timeout: float | None,
+        chunksize: int | None,
+        opts: dict | None,
+        ordered: bool,
+    ) -> Iterator[Any]:
         self._check_open()
         if not iterables:
             raise TypeError("map() needs at least one iterable")
@@ -409,10 +465,19 @@ class Executor(cf.Executor):
         for _ in range(window):
             if not submit_next():
                 break
-        return self._results(pending, done, submit_next, deadline, state if adaptive else None, ordered)
+        return self._results(
+            pending, done, submit_next, deadline, state if adaptive else None, ordered
+        )
 
-    def _results(self, pending: deque, done: queue.SimpleQueue, submit_next: Callable[[], bool],
-                 deadline: float | None, adaptive: dict | None, ordered: bool) -> Iterator[Any]:
+    def _results(
+        self,
+        pending: deque,
+        done: queue.SimpleQueue,
+        submit_next: Callable[[], bool],
+        deadline: float | None,
+        adaptive: dict | None,
+        ordered: bool,
+    ) -> Iterator[Any]:
         try:
             while pending:
                 if ordered:
@@ -466,8 +531,12 @@ class Executor(cf.Executor):
                 self._settle(fut, status, outcome)
             except Exception as exc:  # noqa: BLE001 - never lose the settler; the future says why
                 with contextlib.suppress(cf.InvalidStateError):
-                    fut.set_exception(RuntimeError(f"fastpool.dask could not settle {fut._dfut.key}: "
-                                                   f"{type(exc).__name__}: {exc}"))
+                    fut.set_exception(
+                        RuntimeError(
+                            f"fastpool.dask could not settle {fut._dfut.key}: "
+                            f"{type(exc).__name__}: {exc}"
+                        )
+                    )
             with self._lock:
                 self._outstanding.pop(fut, None)
                 last = self._closed and not self._outstanding
@@ -500,8 +569,9 @@ class Executor(cf.Executor):
         except cf.InvalidStateError:  # the caller cancelled it this instant
             pass
 
-    def _translate(self, fut: _ClusterFuture, status: str, outcome: Any,
-                   submitted_at: float) -> BaseException:
+    def _translate(
+        self, fut: _ClusterFuture, status: str, outcome: Any, submitted_at: float
+    ) -> BaseException:
         key = str(fut._dfut.key)
         if status == "lost":
             return outcome
@@ -511,8 +581,11 @@ class Executor(cf.Executor):
             fut._partial = exc.partial
             if exc.closing:
                 err: BaseException = self._worker_died(
-                    exc.worker, key, "its pool was shut down with it, so the call was stopped",
-                    submitted_at)
+                    exc.worker,
+                    key,
+                    "its pool was shut down with it, so the call was stopped",
+                    submitted_at,
+                )
                 err.__cause__ = cause
                 return err
             err = exc.error
@@ -521,14 +594,16 @@ class Executor(cf.Executor):
         if type(exc).__name__ == "KilledWorker":
             last = exc.args[1] if len(exc.args) > 1 else None
             address = getattr(last, "address", last)
-            err = self._worker_died(address if isinstance(address, str) else None, key, str(exc),
-                                    submitted_at)
+            err = self._worker_died(
+                address if isinstance(address, str) else None, key, str(exc), submitted_at
+            )
             err.__cause__ = exc.with_traceback(tb)
             return err
         return exc.with_traceback(tb)  # a Dask error of its own (bad arguments, ...)
 
-    def _worker_died(self, address: str | None, key: str, detail: str,
-                     submitted_at: float) -> BaseException:
+    def _worker_died(
+        self, address: str | None, key: str, detail: str, submitted_at: float
+    ) -> BaseException:
         """DaskWorkerMemoryError if the nanny logged a memory restart of that worker
         (of any worker, when Dask did not say which) after the call was submitted."""
         try:
@@ -554,8 +629,11 @@ class Executor(cf.Executor):
 
     def _executing_keys(self) -> set[str]:
         def executing(dask_worker: Any) -> list[str]:
-            return [str(k) for k, ts in dask_worker.state.tasks.items()
-                    if ts.state in ("executing", "long-running")]
+            return [
+                str(k)
+                for k, ts in dask_worker.state.tasks.items()
+                if ts.state in ("executing", "long-running")
+            ]
 
         try:
             found = self._client.run(executing, on_error="ignore")
@@ -574,12 +652,18 @@ class ExecutorOptions:
         """``Executor.submit`` with these options.  Thread-safe."""
         return self._executor._submit(run_call, fn, args, kwargs, self._opts)
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
-            chunksize: int | None = None) -> Iterator[Any]:
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int | None = None,
+    ) -> Iterator[Any]:
         """``Executor.map`` with these options on every chunk."""
         return self._executor._map(fn, iterables, timeout, chunksize, self._opts, ordered=True)
 
-    def imap_unordered(self, fn: Callable[..., Any], iterable: Iterable[Any],
-                       chunksize: int | None = None) -> Iterator[Any]:
+    def imap_unordered(
+        self, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int | None = None
+    ) -> Iterator[Any]:
         """``Executor.imap_unordered`` with these options on every chunk."""
         return self._executor._map(fn, (iterable,), None, chunksize, self._opts, ordered=False)

@@ -140,7 +140,9 @@ class CircuitOpen(FastPoolError, RuntimeError):
 class PoolClosed(FastPoolError, RuntimeError):
     """The pool was shut down (or is draining) and takes no new work."""
 
-    def __init__(self, message: str = "cannot schedule new tasks after the pool was shut down") -> None:
+    def __init__(
+        self, message: str = "cannot schedule new tasks after the pool was shut down"
+    ) -> None:
         super().__init__(message)
 
 
@@ -213,8 +215,14 @@ class SegmentCorrupt(FastPoolError):
 # later lookup (pickle's by-name lookup of ``fastpool.errors.WorkerCrashed`` in
 # another process included) finds the same class objects.
 
-_BROKEN_FAMILY = ("BrokenPool", "WorkerCrashed", "PoisonTask", "WorkerHung", "WorkerMemoryError",
-                  "InitializerError")
+_BROKEN_FAMILY = (
+    "BrokenPool",
+    "WorkerCrashed",
+    "PoisonTask",
+    "WorkerHung",
+    "WorkerMemoryError",
+    "InitializerError",
+)
 _family_lock = threading.Lock()
 
 
@@ -339,12 +347,16 @@ def _make_broken_family() -> dict[str, type]:
             limit = self.limit_bytes
             peak = self.peak_rss_bytes if self.peak_rss_bytes is not None else self.rss_bytes
             if self.reason == "oom-killer":
-                msg = (f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed "
-                       f"by the kernel's OOM killer (its cgroup's limit: {_size(limit)}); the worker owned "
-                       f"{_size(peak)} at its largest sample")
+                msg = (
+                    f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed "
+                    f"by the kernel's OOM killer (its cgroup's limit: {_size(limit)}); the worker owned "
+                    f"{_size(peak)} at its largest sample"
+                )
             else:
-                msg = (f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by "
-                       f"fastpool: it owned {_size(peak, limit)}, over memory_limit {_size(limit, peak)}")
+                msg = (
+                    f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by "
+                    f"fastpool: it owned {_size(peak, limit)}, over memory_limit {_size(limit, peak)}"
+                )
             return msg + (f"; {self.detail}" if self.detail else "")
 
     class InitializerError(BrokenPool):
@@ -358,8 +370,17 @@ def _make_broken_family() -> dict[str, type]:
         def __str__(self) -> str:
             return self.message
 
-    family = {cls.__name__: cls for cls in (BrokenPool, WorkerCrashed, PoisonTask, WorkerHung,
-                                           WorkerMemoryError, InitializerError)}
+    family = {
+        cls.__name__: cls
+        for cls in (
+            BrokenPool,
+            WorkerCrashed,
+            PoisonTask,
+            WorkerHung,
+            WorkerMemoryError,
+            InitializerError,
+        )
+    }
     for cls in family.values():
         cls.__qualname__ = cls.__name__  # pickle and tracebacks: fastpool.errors.WorkerCrashed
     return family
@@ -380,6 +401,8 @@ class RegionCorrupt(SegmentCorrupt):
 
     def __str__(self) -> str:
         who = "the parent" if self.region == 0 else f"worker slot {self.slot}"
-        return (f"shared arena region {self.region} ({who}) is corrupt at +{self.offset}: {self.detail}; a task "
-                "wrote over the arena's block headers (every worker maps them), so that region's blocks can no "
-                "longer be walked")
+        return (
+            f"shared arena region {self.region} ({who}) is corrupt at +{self.offset}: {self.detail}; a task "
+            "wrote over the arena's block headers (every worker maps them), so that region's blocks can no "
+            "longer be walked"
+        )

@@ -34,22 +34,35 @@ from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from itertools import islice
 from typing import (
-    TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Iterator, Literal, ParamSpec, Sequence, SupportsIndex,
-    TypeVar, Union, overload,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Literal,
+    ParamSpec,
+    Sequence,
+    SupportsIndex,
+    TypeVar,
+    Union,
+    overload,
 )
 
-from fastpool import (
-    _arena, _call, _codec, _control, _dispatch, _policy, _progress, _sizing, _template, errors, telemetry,
-)
-from fastpool._call import ChunkFailure, TaskFunction
-from fastpool._core import Board, check_ring_bytes
-from fastpool._supervisor import DEFAULT_START_TIMEOUT_S, STOP_GRACE_S, Supervisor
+from fastpool import errors, telemetry
+from fastpool._integrations import _progress
+from fastpool._native import _arena
+from fastpool._native._core import Board, check_ring_bytes
+from fastpool._runtime import _call, _codec, _control, _dispatch, _template
+from fastpool._runtime._call import ChunkFailure, TaskFunction
+from fastpool._supervision import _policy, _sizing
+from fastpool._supervision._supervisor import DEFAULT_START_TIMEOUT_S, STOP_GRACE_S, Supervisor
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-    from fastpool._aio import AsyncMap
+    from fastpool._integrations._aio import AsyncMap
 
 log = logging.getLogger("fastpool")
 
@@ -93,14 +106,20 @@ atexit.register(_shutdown_all_at_exit)
 class _Runtime:
     """A pool's running parts and their life: threads, teardown.  Holds no Pool."""
 
-    def __init__(self, board: Board, arena: Any, disp: Any, sup: Supervisor, tel: telemetry.Telemetry) -> None:
+    def __init__(
+        self, board: Board, arena: Any, disp: Any, sup: Supervisor, tel: telemetry.Telemetry
+    ) -> None:
         self.board, self.arena, self.disp, self.sup, self.tel = board, arena, disp, sup, tel
         self.lock = threading.Lock()
         self.stopping = False
         self.torn_down = threading.Event()
         self.handoff = threading.Event()
-        self.supervisor_thread = threading.Thread(target=sup.run, name="fastpool-supervisor", daemon=True)
-        self.collector_thread = threading.Thread(target=self._collect, name="fastpool-collector", daemon=True)
+        self.supervisor_thread = threading.Thread(
+            target=sup.run, name="fastpool-supervisor", daemon=True
+        )
+        self.collector_thread = threading.Thread(
+            target=self._collect, name="fastpool-collector", daemon=True
+        )
 
     def start(self) -> None:
         self.supervisor_thread.start()
@@ -108,7 +127,11 @@ class _Runtime:
         _live.add(self)
 
     def _idle_closed(self) -> bool:
-        return self.disp.closed and (self.disp.inflight == 0 or self.stopping) and not self.board.wanted()
+        return (
+            self.disp.closed
+            and (self.disp.inflight == 0 or self.stopping)
+            and not self.board.wanted()
+        )
 
     def _collect(self) -> None:
         self.disp.collector_loop(self.handoff, self._idle_closed)
@@ -160,13 +183,18 @@ class _Runtime:
             self.torn_down.set()
             if threading.current_thread() is not self.collector_thread:
                 self.collector_thread.join(5)
-            others = [t for t in (self.collector_thread, self.supervisor_thread)
-                      if t.is_alive() and t is not threading.current_thread()]
+            others = [
+                t
+                for t in (self.collector_thread, self.supervisor_thread)
+                if t.is_alive() and t is not threading.current_thread()
+            ]
             if others:
                 # A thread that still runs may be inside a wait on the board: unmapping
                 # under it would crash the process.  Leave the mappings to process exit.
-                log.error("fastpool: %s did not stop; the pool's shared memory stays mapped",
-                          ", ".join(t.name for t in others))
+                log.error(
+                    "fastpool: %s did not stop; the pool's shared memory stays mapped",
+                    ", ".join(t.name for t in others),
+                )
             else:
                 disp.lock_drive()
                 try:
@@ -188,8 +216,10 @@ def _is_seconds(x: Any) -> bool:
 
 def _abandoned(task: Any) -> BaseException:
     if task.t_dispatch:
-        return errors.BrokenPool(f"the pool was shut down while task {task.id} ran (or was held by a "
-                                 "worker); its worker was stopped")
+        return errors.BrokenPool(
+            f"the pool was shut down while task {task.id} ran (or was held by a "
+            "worker); its worker was stopped"
+        )
     return errors.BrokenPool(f"the pool was shut down before task {task.id} ran")
 
 
@@ -236,11 +266,13 @@ class Pool(Executor):
         if _template.BOOTING:
             raise RuntimeError(
                 "a fastpool.Pool was created while the worker template imported your main "
-                "script; guard the code that creates pools with `if __name__ == \"__main__\":`"
+                'script; guard the code that creates pools with `if __name__ == "__main__":`'
             )
         if max_workers is not None:
             if workers is not None:
-                raise TypeError("pass workers or max_workers (its ProcessPoolExecutor name), not both")
+                raise TypeError(
+                    "pass workers or max_workers (its ProcessPoolExecutor name), not both"
+                )
             workers = max_workers
         limit = _sizing.parse_memory(memory_limit) if memory_limit is not None else None
         if workers is None or workers == "auto":
@@ -257,18 +289,32 @@ class Pool(Executor):
         max_queue = 256 * workers if max_queue is None else max_queue
         if not _is_int(max_queue) or max_queue < 1 or max_queue > 1 << 40:
             raise ValueError(f"max_queue must be an int from 1 to 2**40, not {max_queue!r}")
-        for name, count in (("max_tasks_per_worker", max_tasks_per_worker), ("blas_threads", blas_threads),
-                            ("max_failures", max_failures)):
+        for name, count in (
+            ("max_tasks_per_worker", max_tasks_per_worker),
+            ("blas_threads", blas_threads),
+            ("max_failures", max_failures),
+        ):
             if count is not None and (not _is_int(count) or count < 1):
-                raise ValueError(f"{name} must be a positive int{'' if name == 'max_failures' else ' or None'}, "
-                                 f"not {count!r}")
-        for name, value in (("task_timeout", task_timeout), ("hang_timeout", hang_timeout),
-                            ("queue_timeout", queue_timeout)):
+                raise ValueError(
+                    f"{name} must be a positive int{'' if name == 'max_failures' else ' or None'}, "
+                    f"not {count!r}"
+                )
+        for name, value in (
+            ("task_timeout", task_timeout),
+            ("hang_timeout", hang_timeout),
+            ("queue_timeout", queue_timeout),
+        ):
             if value is not None and not _is_seconds(value):
-                raise ValueError(f"{name} must be a positive number of seconds or None, not {value!r}")
-        for name, value in (("start_timeout", start_timeout), ("memory_interval_s", memory_interval_s),
-                            ("backoff_base_s", backoff_base_s), ("backoff_cap_s", backoff_cap_s),
-                            ("breaker_open_s", breaker_open_s)):
+                raise ValueError(
+                    f"{name} must be a positive number of seconds or None, not {value!r}"
+                )
+        for name, value in (
+            ("start_timeout", start_timeout),
+            ("memory_interval_s", memory_interval_s),
+            ("backoff_base_s", backoff_base_s),
+            ("backoff_cap_s", backoff_cap_s),
+            ("breaker_open_s", breaker_open_s),
+        ):
             if not _is_seconds(value):
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
 
@@ -277,35 +323,61 @@ class Pool(Executor):
             blas_threads = max(1, _sizing.usable_cpus() // workers)
         init_fn = _codec.function_bytes(initializer) if initializer is not None else None
         settings = dict(
-            task_timeout=task_timeout, hang_timeout=hang_timeout, start_timeout=start_timeout,
-            memory_limit=limit, memory_interval_s=memory_interval_s,
-            leak_threshold=_sizing.parse_memory(leak_threshold) if leak_threshold is not None else None,
-            min_available=(_sizing.parse_memory(min_available_memory)
-                           if min_available_memory is not None else None),
+            task_timeout=task_timeout,
+            hang_timeout=hang_timeout,
+            start_timeout=start_timeout,
+            memory_limit=limit,
+            memory_interval_s=memory_interval_s,
+            leak_threshold=_sizing.parse_memory(leak_threshold)
+            if leak_threshold is not None
+            else None,
+            min_available=(
+                _sizing.parse_memory(min_available_memory)
+                if min_available_memory is not None
+                else None
+            ),
             available_memory=_sizing.available_memory_bytes,
         )
         self._settings = settings
 
         def breaker() -> _policy.SlotBreaker:
-            return _policy.SlotBreaker(max_failures, breaker_open_s, _policy.Backoff(backoff_base_s, backoff_cap_s))
+            return _policy.SlotBreaker(
+                max_failures, breaker_open_s, _policy.Backoff(backoff_base_s, backoff_cap_s)
+            )
 
         opened: list[Any] = []
         try:
             board = Board.create(workers, ring_bytes)
             opened.append(board)
-            arena = _arena.Arena.create(workers, _arena.default_budget() if arena_bytes is None else arena_bytes)
+            arena = _arena.Arena.create(
+                workers, _arena.default_budget() if arena_bytes is None else arena_bytes
+            )
             opened.append(arena)
             self._keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
-            init_payload = _codec.encode_init((init_fn, tuple(initargs), blas_threads), arena, self._keep)
+            init_payload = _codec.encode_init(
+                (init_fn, tuple(initargs), blas_threads), arena, self._keep
+            )
             if len(init_payload) > board.max_record:
-                from fastpool._core import ring_limit_error
-                raise ring_limit_error("initializer and initargs", len(init_payload), board.max_record,
-                                       "pass large data as shared arrays (they travel by descriptor) or "
-                                       "raise Pool(ring_bytes=...)")
+                from fastpool._native._core import ring_limit_error
+
+                raise ring_limit_error(
+                    "initializer and initargs",
+                    len(init_payload),
+                    board.max_record,
+                    "pass large data as shared arrays (they travel by descriptor) or "
+                    "raise Pool(ring_bytes=...)",
+                )
             tel = telemetry.Telemetry()
-            disp = _control.Dispatcher(board, workers, max_queue=max_queue, reject=on_full == "reject",
-                                        queue_timeout=queue_timeout, max_tasks=max_tasks_per_worker,
-                                        arena=arena, hooks=None)
+            disp = _control.Dispatcher(
+                board,
+                workers,
+                max_queue=max_queue,
+                reject=on_full == "reject",
+                queue_timeout=queue_timeout,
+                max_tasks=max_tasks_per_worker,
+                arena=arena,
+                hooks=None,
+            )
             sup = Supervisor(workers, board, arena, disp, tel, init_payload, settings, breaker)
             opened.append(sup)
             disp.set_hooks(sup)
@@ -337,7 +409,9 @@ class Pool(Executor):
             return self._submit(fn.fn, args, kwargs, fn.options)
         return self._disp.submit(fn, args, kwargs, None)
 
-    def asubmit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+    def asubmit(
+        self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, R]:
         """``await pool.asubmit(fn, *args, **kwargs)``: ``submit`` for asyncio (README "asyncio").
 
         Nothing happens until it is awaited.  While the queue is full the coroutine
@@ -347,12 +421,13 @@ class Pool(Executor):
         awaiting task cancels the pool task by ``cancel``'s rules: dropped if it has
         not started, else its cancel flag is set (``options(force_cancel=True)``:
         its worker is killed).  Thread-safe; each call belongs to the running loop."""
-        from fastpool import _aio
+        from fastpool._integrations import _aio
 
         return _aio.submit(self, fn, args, kwargs, None, False)
 
-    def _submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
-                options: _policy.TaskOptions | None) -> Future:
+    def _submit(
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict, options: _policy.TaskOptions | None
+    ) -> Future:
         try:
             return self._disp.submit(fn, args, kwargs, options)
         except errors.CircuitOpen:
@@ -368,8 +443,14 @@ class Pool(Executor):
             fut.set_exception(exc)
         return fut
 
-    def options(self, *, pure: bool = False, timeout: float | None = None,
-                fallback: Literal["inline"] | None = None, force_cancel: bool = False) -> "PoolOptions":
+    def options(
+        self,
+        *,
+        pure: bool = False,
+        timeout: float | None = None,
+        fallback: Literal["inline"] | None = None,
+        force_cancel: bool = False,
+    ) -> "PoolOptions":
         """A view of this pool whose ``submit`` applies these supervision options.
 
         ``pure=True``: a task whose worker crashed is re-run once on a fresh worker;
@@ -381,7 +462,9 @@ class Pool(Executor):
         kills a running task's worker (``cancel(fut, force=True)``) instead of
         setting its flag.  Raises ValueError for bad options.  Thread-safe; the
         view may be shared."""
-        return PoolOptions(self, _policy.TaskOptions(pure=pure, timeout=timeout, fallback=fallback), force_cancel)
+        return PoolOptions(
+            self, _policy.TaskOptions(pure=pure, timeout=timeout, fallback=fallback), force_cancel
+        )
 
     def cancel(self, future: Future[Any], *, force: bool = False) -> bool:
         """Cancels a task, whether it is queued, prefetched by a worker, or running.
@@ -406,23 +489,64 @@ class Pool(Executor):
     # Narrower than Executor.map on purpose: at least one iterable (none is a TypeError
     # at run time anyway), and fn's parameters checked against the iterables' items.
     @overload  # type: ignore[override]
-    def map(self, fn: Callable[[T1], R], it1: Iterable[T1], /, *, timeout: float | None = ...,
-            chunksize: int | None = ..., progress: _progress.ProgressArg = ...) -> Iterator[R]: ...
+    def map(
+        self,
+        fn: Callable[[T1], R],
+        it1: Iterable[T1],
+        /,
+        *,
+        timeout: float | None = ...,
+        chunksize: int | None = ...,
+        progress: _progress.ProgressArg = ...,
+    ) -> Iterator[R]: ...
     @overload
-    def map(self, fn: Callable[[T1, T2], R], it1: Iterable[T1], it2: Iterable[T2], /, *,
-            timeout: float | None = ..., chunksize: int | None = ...,
-            progress: _progress.ProgressArg = ...) -> Iterator[R]: ...
+    def map(
+        self,
+        fn: Callable[[T1, T2], R],
+        it1: Iterable[T1],
+        it2: Iterable[T2],
+        /,
+        *,
+        timeout: float | None = ...,
+        chunksize: int | None = ...,
+        progress: _progress.ProgressArg = ...,
+    ) -> Iterator[R]: ...
     @overload
-    def map(self, fn: Callable[[T1, T2, T3], R], it1: Iterable[T1], it2: Iterable[T2], it3: Iterable[T3], /,
-            *, timeout: float | None = ..., chunksize: int | None = ...,
-            progress: _progress.ProgressArg = ...) -> Iterator[R]: ...
+    def map(
+        self,
+        fn: Callable[[T1, T2, T3], R],
+        it1: Iterable[T1],
+        it2: Iterable[T2],
+        it3: Iterable[T3],
+        /,
+        *,
+        timeout: float | None = ...,
+        chunksize: int | None = ...,
+        progress: _progress.ProgressArg = ...,
+    ) -> Iterator[R]: ...
     @overload
-    def map(self, fn: Callable[..., R], it1: Iterable[Any], it2: Iterable[Any], it3: Iterable[Any],
-            it4: Iterable[Any], /, *iterables: Iterable[Any], timeout: float | None = ...,
-            chunksize: int | None = ..., progress: _progress.ProgressArg = ...) -> Iterator[R]: ...
+    def map(
+        self,
+        fn: Callable[..., R],
+        it1: Iterable[Any],
+        it2: Iterable[Any],
+        it3: Iterable[Any],
+        it4: Iterable[Any],
+        /,
+        *iterables: Iterable[Any],
+        timeout: float | None = ...,
+        chunksize: int | None = ...,
+        progress: _progress.ProgressArg = ...,
+    ) -> Iterator[R]: ...
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
-            chunksize: int | None = None, progress: _progress.ProgressArg = None) -> Iterator[Any]:
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int | None = None,
+        progress: _progress.ProgressArg = None,
+    ) -> Iterator[Any]:
         """Like ``Executor.map``, but lazy: at most a window of chunks is in flight.
 
         Results come in input order; the first exception raised by ``fn`` is raised
@@ -436,8 +560,13 @@ class Pool(Executor):
         PoolClosed, SerializationError as ``submit``.  Thread-safe to call; each
         iterator belongs to one consuming thread."""
         chunks, fn, star, adaptive = self._chunks(fn, iterables, chunksize)
-        counter = None if progress is None else _progress.open_counter(
-            progress, _progress.total_of(iterables), getattr(fn, "__name__", None))
+        counter = (
+            None
+            if progress is None
+            else _progress.open_counter(
+                progress, _progress.total_of(iterables), getattr(fn, "__name__", None)
+            )
+        )
         deadline = None if timeout is None else _now() + timeout
         pending: deque[Future] = deque()
         sink = pending.append if counter is None else _progress.tracking(counter, pending.append)
@@ -446,52 +575,117 @@ class Pool(Executor):
             if not submit_next():
                 break
         stream = _ordered(pending, submit_next, deadline, chunks if adaptive else None)
-        return _ResultIterator.over(stream if counter is None else _progress.closing(counter, stream))
+        return _ResultIterator.over(
+            stream if counter is None else _progress.closing(counter, stream)
+        )
 
-    def imap_unordered(self, fn: Callable[[T1], R], iterable: Iterable[T1],
-                       chunksize: int | None = None, *, progress: _progress.ProgressArg = None) -> Iterator[R]:
+    def imap_unordered(
+        self,
+        fn: Callable[[T1], R],
+        iterable: Iterable[T1],
+        chunksize: int | None = None,
+        *,
+        progress: _progress.ProgressArg = None,
+    ) -> Iterator[R]:
         """Like ``map`` for one iterable, yielding results as their chunks complete.
 
         An exception from ``fn`` is raised when its chunk completes.  ``progress`` as
         for ``map``.  Thread-safe to call; each iterator belongs to one consuming
         thread."""
         chunks, fn, _star, _adaptive = self._chunks(fn, (iterable,), chunksize)
-        counter = None if progress is None else _progress.open_counter(
-            progress, _progress.total_of((iterable,)), getattr(fn, "__name__", None))
+        counter = (
+            None
+            if progress is None
+            else _progress.open_counter(
+                progress, _progress.total_of((iterable,)), getattr(fn, "__name__", None)
+            )
+        )
         done: deque[Future] = deque()
         pending: set[Future] = set()
 
         def track(fut: Future) -> None:
             pending.add(fut)
             fut.add_done_callback(done.append)
-        submit_next = _Feeder(self._disp, fn, chunks, False,
-                              track if counter is None else _progress.tracking(counter, track))
+
+        submit_next = _Feeder(
+            self._disp,
+            fn,
+            chunks,
+            False,
+            track if counter is None else _progress.tracking(counter, track),
+        )
         for _ in range(self._window(chunks.size)):
             if not submit_next():
                 break
         stream = _unordered(self._disp, pending, done, submit_next)
-        return _ResultIterator.over(stream if counter is None else _progress.closing(counter, stream))
+        return _ResultIterator.over(
+            stream if counter is None else _progress.closing(counter, stream)
+        )
 
     @overload
-    def amap(self, fn: Callable[[T1], R], it1: Iterable[T1], /, *, chunksize: int | None = ...,
-             ordered: bool = ..., force_cancel: bool = ..., progress: _progress.ProgressArg = ...
-             ) -> AsyncMap[R]: ...
+    def amap(
+        self,
+        fn: Callable[[T1], R],
+        it1: Iterable[T1],
+        /,
+        *,
+        chunksize: int | None = ...,
+        ordered: bool = ...,
+        force_cancel: bool = ...,
+        progress: _progress.ProgressArg = ...,
+    ) -> AsyncMap[R]: ...
     @overload
-    def amap(self, fn: Callable[[T1, T2], R], it1: Iterable[T1], it2: Iterable[T2], /, *,
-             chunksize: int | None = ..., ordered: bool = ..., force_cancel: bool = ...,
-             progress: _progress.ProgressArg = ...) -> AsyncMap[R]: ...
+    def amap(
+        self,
+        fn: Callable[[T1, T2], R],
+        it1: Iterable[T1],
+        it2: Iterable[T2],
+        /,
+        *,
+        chunksize: int | None = ...,
+        ordered: bool = ...,
+        force_cancel: bool = ...,
+        progress: _progress.ProgressArg = ...,
+    ) -> AsyncMap[R]: ...
     @overload
-    def amap(self, fn: Callable[[T1, T2, T3], R], it1: Iterable[T1], it2: Iterable[T2], it3: Iterable[T3], /,
-             *, chunksize: int | None = ..., ordered: bool = ..., force_cancel: bool = ...,
-             progress: _progress.ProgressArg = ...) -> AsyncMap[R]: ...
+    def amap(
+        self,
+        fn: Callable[[T1, T2, T3], R],
+        it1: Iterable[T1],
+        it2: Iterable[T2],
+        it3: Iterable[T3],
+        /,
+        *,
+        chunksize: int | None = ...,
+        ordered: bool = ...,
+        force_cancel: bool = ...,
+        progress: _progress.ProgressArg = ...,
+    ) -> AsyncMap[R]: ...
     @overload
-    def amap(self, fn: Callable[..., R], it1: Iterable[Any], it2: Iterable[Any], it3: Iterable[Any],
-             it4: Iterable[Any], /, *iterables: Iterable[Any], chunksize: int | None = ..., ordered: bool = ...,
-             force_cancel: bool = ..., progress: _progress.ProgressArg = ...) -> AsyncMap[R]: ...
+    def amap(
+        self,
+        fn: Callable[..., R],
+        it1: Iterable[Any],
+        it2: Iterable[Any],
+        it3: Iterable[Any],
+        it4: Iterable[Any],
+        /,
+        *iterables: Iterable[Any],
+        chunksize: int | None = ...,
+        ordered: bool = ...,
+        force_cancel: bool = ...,
+        progress: _progress.ProgressArg = ...,
+    ) -> AsyncMap[R]: ...
 
-    def amap(self, fn: Callable[..., Any], *iterables: Iterable[Any], chunksize: int | None = None,
-             ordered: bool = True, force_cancel: bool = False,
-             progress: _progress.ProgressArg = None) -> AsyncMap[Any]:
+    def amap(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        chunksize: int | None = None,
+        ordered: bool = True,
+        force_cancel: bool = False,
+        progress: _progress.ProgressArg = None,
+    ) -> AsyncMap[Any]:
         """``async for r in pool.amap(fn, items)``: ``map`` for asyncio (README "asyncio").
 
         Results in input order, or as chunks finish with ``ordered=False`` (one
@@ -503,7 +697,7 @@ class Pool(Executor):
         ones are killed).  ``progress`` as for ``map``.  Raises PoolClosed,
         TypeError, ValueError at once; the input is read as chunks are submitted.
         Each iterator belongs to one task on one loop."""
-        from fastpool import _aio
+        from fastpool._integrations import _aio
 
         return _aio.AsyncMap(self, fn, iterables, chunksize, ordered, force_cancel, progress)
 
@@ -584,25 +778,41 @@ class Pool(Executor):
         disp, sup = self._disp, self._sup
         out: dict[str, Any] = {**disp.counts(), **self._tel.counts()}
         waits, runs = disp.samples()
-        out.update(queued=disp.queued, inflight=disp.inflight, prefetch=disp.depth, closed=disp.closed,
-                   workers=sup.worker_stats(not self._board.closed), dispatch_paused=sup.paused,
-                   available_memory_bytes=sup.last_available, memory_limit_bytes=self._settings["memory_limit"],
-                   crashes=self._tel.crashes(),
-                   latency={"queue_wait_us": telemetry.percentiles(waits), "run_us": telemetry.percentiles(runs)})
+        out.update(
+            queued=disp.queued,
+            inflight=disp.inflight,
+            prefetch=disp.depth,
+            closed=disp.closed,
+            workers=sup.worker_stats(not self._board.closed),
+            dispatch_paused=sup.paused,
+            available_memory_bytes=sup.last_available,
+            memory_limit_bytes=self._settings["memory_limit"],
+            crashes=self._tel.crashes(),
+            latency={
+                "queue_wait_us": telemetry.percentiles(waits),
+                "run_us": telemetry.percentiles(runs),
+            },
+        )
         return out
 
     # ---- shared arrays -------------------------------------------------------------
 
     @overload
-    def empty(self, shape: ShapeLike, dtype: None = ..., order: Literal["C", "F"] = ...) -> NDArray[np.float64]: ...
+    def empty(
+        self, shape: ShapeLike, dtype: None = ..., order: Literal["C", "F"] = ...
+    ) -> NDArray[np.float64]: ...
     @overload
-    def empty(self, shape: ShapeLike, dtype: type[S] | np.dtype[S], order: Literal["C", "F"] = ...
-              ) -> NDArray[S]: ...
+    def empty(
+        self, shape: ShapeLike, dtype: type[S] | np.dtype[S], order: Literal["C", "F"] = ...
+    ) -> NDArray[S]: ...
     @overload
-    def empty(self, shape: ShapeLike, dtype: DTypeLike, order: Literal["C", "F"] = ...) -> NDArray[Any]: ...
+    def empty(
+        self, shape: ShapeLike, dtype: DTypeLike, order: Literal["C", "F"] = ...
+    ) -> NDArray[Any]: ...
 
-    def empty(self, shape: ShapeLike, dtype: DTypeLike | None = float, order: Literal["C", "F"] = "C"
-              ) -> NDArray[Any]:
+    def empty(
+        self, shape: ShapeLike, dtype: DTypeLike | None = float, order: Literal["C", "F"] = "C"
+    ) -> NDArray[Any]:
         """An uninitialised ndarray in this pool's shared memory (README "Shared arrays").
 
         Passing it, or any view of it, to a task moves a descriptor, not bytes; the
@@ -613,15 +823,21 @@ class Pool(Executor):
         return _arena.new_array(self._arena, shape, dtype, order)
 
     @overload
-    def zeros(self, shape: ShapeLike, dtype: None = ..., order: Literal["C", "F"] = ...) -> NDArray[np.float64]: ...
+    def zeros(
+        self, shape: ShapeLike, dtype: None = ..., order: Literal["C", "F"] = ...
+    ) -> NDArray[np.float64]: ...
     @overload
-    def zeros(self, shape: ShapeLike, dtype: type[S] | np.dtype[S], order: Literal["C", "F"] = ...
-              ) -> NDArray[S]: ...
+    def zeros(
+        self, shape: ShapeLike, dtype: type[S] | np.dtype[S], order: Literal["C", "F"] = ...
+    ) -> NDArray[S]: ...
     @overload
-    def zeros(self, shape: ShapeLike, dtype: DTypeLike, order: Literal["C", "F"] = ...) -> NDArray[Any]: ...
+    def zeros(
+        self, shape: ShapeLike, dtype: DTypeLike, order: Literal["C", "F"] = ...
+    ) -> NDArray[Any]: ...
 
-    def zeros(self, shape: ShapeLike, dtype: DTypeLike | None = float, order: Literal["C", "F"] = "C"
-              ) -> NDArray[Any]:
+    def zeros(
+        self, shape: ShapeLike, dtype: DTypeLike | None = float, order: Literal["C", "F"] = "C"
+    ) -> NDArray[Any]:
         """Like ``empty``, filled with zeros; fails like ``empty``.  Thread-safe."""
         self._arrays_open()
         return _arena.new_array(self._arena, shape, dtype, order, True)
@@ -641,19 +857,26 @@ class Pool(Executor):
 
     def _arrays_open(self) -> None:
         if self._disp.closed:
-            raise errors.PoolClosed("this pool was shut down: its shared memory takes no new arrays")
+            raise errors.PoolClosed(
+                "this pool was shut down: its shared memory takes no new arrays"
+            )
 
 
 @overload
 def task(fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
 @overload
-def task(*, pure: bool = ..., timeout: float | None = ...,
-         fallback: Literal["inline"] | None = ...) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
+def task(
+    *, pure: bool = ..., timeout: float | None = ..., fallback: Literal["inline"] | None = ...
+) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
 
-def task(fn: Callable[P, R] | None = None, *, pure: bool = False, timeout: float | None = None,
-         fallback: Literal["inline"] | None = None
-         ) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
+def task(
+    fn: Callable[P, R] | None = None,
+    *,
+    pure: bool = False,
+    timeout: float | None = None,
+    fallback: Literal["inline"] | None = None,
+) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
     """Decorator: ``@fastpool.task(pure=True, timeout=5, fallback="inline")``.
 
     Attaches supervision options to a function; every pool that runs it applies
@@ -667,7 +890,9 @@ def task(fn: Callable[P, R] | None = None, *, pure: bool = False, timeout: float
 class PoolOptions:
     """``pool.options(...)``: the same pool, with supervision options on each call."""
 
-    def __init__(self, pool: Pool, options: _policy.TaskOptions, force_cancel: bool = False) -> None:
+    def __init__(
+        self, pool: Pool, options: _policy.TaskOptions, force_cancel: bool = False
+    ) -> None:
         self._pool = pool
         self._options = options
         self._force_cancel = force_cancel
@@ -678,9 +903,11 @@ class PoolOptions:
             fn = fn.fn
         return self._pool._submit(fn, args, kwargs, self._options)
 
-    def asubmit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+    def asubmit(
+        self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, R]:
         """``Pool.asubmit`` with these options (and ``force_cancel``)."""
-        from fastpool import _aio
+        from fastpool._integrations import _aio
 
         return _aio.submit(self._pool, fn, args, kwargs, self._options, self._force_cancel)
 
@@ -704,12 +931,15 @@ class _Chunks:
         self.pos = 0
         seq = iterables[0] if len(iterables) == 1 else None
         self.seq = seq if type(seq) in (list, tuple, range) or _is_ndarray(seq) else None
-        self.it = None if self.seq is not None else (
-            zip(*iterables) if len(iterables) > 1 else iter(iterables[0]))
+        self.it = (
+            None
+            if self.seq is not None
+            else (zip(*iterables) if len(iterables) > 1 else iter(iterables[0]))
+        )
 
     def next(self) -> Any:
         if self.seq is not None:
-            chunk = self.seq[self.pos:self.pos + self.size]
+            chunk = self.seq[self.pos : self.pos + self.size]
             self.pos += self.size
             return chunk if len(chunk) else None
         chunk = list(islice(self.it, self.size))  # type: ignore[arg-type]
@@ -724,8 +954,14 @@ def _is_ndarray(x: Any) -> bool:
 class _Feeder:
     """Submits the next chunk; False when the input is exhausted."""
 
-    def __init__(self, disp: Any, fn: Callable[..., Any], chunks: _Chunks, star: bool,
-                 sink: Callable[[Future], None]) -> None:
+    def __init__(
+        self,
+        disp: Any,
+        fn: Callable[..., Any],
+        chunks: _Chunks,
+        star: bool,
+        sink: Callable[[Future], None],
+    ) -> None:
         self.disp, self.fn, self.chunks, self.star, self.sink = disp, fn, chunks, star, sink
 
     def __call__(self) -> bool:
@@ -761,8 +997,9 @@ def _chunk_result(res: Any) -> Iterator[list]:
     yield res
 
 
-def _ordered(pending: deque, submit_next: _Feeder, deadline: float | None, adaptive: _Chunks | None
-             ) -> Iterator[list]:
+def _ordered(
+    pending: deque, submit_next: _Feeder, deadline: float | None, adaptive: _Chunks | None
+) -> Iterator[list]:
     try:
         while pending:
             fut = pending.popleft()
@@ -791,4 +1028,3 @@ def _unordered(disp: Any, pending: set, done: deque, submit_next: _Feeder) -> It
     finally:
         for fut in pending:
             fut.cancel()
-

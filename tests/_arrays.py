@@ -37,9 +37,14 @@ def info(arr) -> dict:
     b = arr.base
     while isinstance(b, np.ndarray):
         b = b.base
-    return dict(writeable=arr.flags.writeable, shape=arr.shape, strides=arr.strides,
-                dtype=arr.dtype.str, shared=type(b).__name__ == "Block",
-                f_contiguous=arr.flags.f_contiguous)
+    return dict(
+        writeable=arr.flags.writeable,
+        shape=arr.shape,
+        strides=arr.strides,
+        dtype=arr.dtype.str,
+        shared=type(b).__name__ == "Block",
+        f_contiguous=arr.flags.f_contiguous,
+    )
 
 
 def echo(arr):

@@ -128,7 +128,7 @@ def pid_and(x):
 def send_stale_reply(task_id):
     """Publishes, from inside a task, a reply for a task id this worker never got
     (what a worker confused by a bug, or a late reply, looks like to the parent)."""
-    from fastpool import _call, _codec
+    from fastpool._runtime import _call, _codec
 
     board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
     return board.push_result(slot, _codec.R_OK, task_id, 0, _codec.dumps("stale"))
@@ -159,7 +159,7 @@ def scribble(target, value, hold_s=0.0):
     before the parent reads it.  Returns the target's name."""
     import ctypes
 
-    from fastpool import _call
+    from fastpool._runtime import _call
 
     board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
     lay = board.layout()
@@ -183,18 +183,18 @@ def scribble(target, value, hold_s=0.0):
     elif target == "result_record":
         tail = ctypes.c_uint64.from_address(base + res + 64).value
         off = res + 256 + tail % lay["ring_capacity"]
-        put32(off, value)                         # len
+        put32(off, value)  # len
         put32(off + 4, (value * 2654435761) | 5)  # kind: not one the protocol knows
-        put64(off + 8, value)                     # task id
+        put64(off + 8, value)  # task id
         put64(res + 64, tail + 24 + ((value + 7) & ~7 & ((1 << 64) - 1)))  # publish it
     elif target == "slot_current":
         put64(words + 16, value)
     elif target == "slot_served":
         put64(words + 32, value)
     elif target == "slot_skips":
-        put64(words + 48, value | 1)                        # skip_seq
+        put64(words + 48, value | 1)  # skip_seq
         for i in range(32):
-            put64(words + 56 + 8 * i, value + i)             # skip words
+            put64(words + 56 + 8 * i, value + i)  # skip words
     elif target == "board_nslots":
         put32(12, value)
     elif target == "board_capacity":
@@ -311,17 +311,18 @@ def unknown_array_reply(task_id, nbytes):
     this worker never got (the parent drops it as unknown, unread)."""
     import numpy as np
 
-    from fastpool import _call, _codec
+    from fastpool._runtime import _call, _codec
 
     board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
-    return board.push_result(slot, _codec.R_OK, task_id, 0, _codec.encode_result(np.ones(nbytes // 8)))
+    return board.push_result(
+        slot, _codec.R_OK, task_id, 0, _codec.encode_result(np.ones(nbytes // 8))
+    )
 
 
 def unrebuildable_then_array(nbytes):
     """A result that pickles in the worker but fails to unpickle in the parent
     (TwoArgError cannot be rebuilt) before it reaches the array after it."""
     import numpy as np
-
     from _tasks import TwoArgError
 
     return TwoArgError("cannot come back", 7), np.ones(nbytes // 8)

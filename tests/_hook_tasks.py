@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from fastpool import _alloc, _arena, _codec
+from fastpool._native import _alloc, _arena
+from fastpool._runtime import _codec
 
 KEPT: list = []
 
@@ -103,5 +104,9 @@ def fork_then_report(arr: np.ndarray) -> dict:
     os.close(r)
     os.waitpid(pid, 0)
     ok = bool(mine[3] == 2 * arr[3])
-    return {"child_used_malloc": got == b"1", "live_before": start, "live_after": _alloc.stats()["live"],
-            "intact": ok}
+    return {
+        "child_used_malloc": got == b"1",
+        "live_before": start,
+        "live_after": _alloc.stats()["live"],
+        "intact": ok,
+    }

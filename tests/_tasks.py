@@ -184,7 +184,7 @@ def scribble_arena_top() -> Any:
 
     import numpy as np
 
-    from fastpool import _codec
+    from fastpool._runtime import _codec
 
     arena = _codec._PROCESS_ARENA[0]
     ctypes.c_uint64.from_address(arena.base_address + 128 + 8 * arena.proc).value = 2**64 - 4096

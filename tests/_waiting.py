@@ -21,7 +21,9 @@ POLL_S = 0.005
 
 
 def wait_for(
-    predicate: Callable[[], T], timeout: float = DEADLINE_S, what: str | Callable[[], str] = "a condition"
+    predicate: Callable[[], T],
+    timeout: float = DEADLINE_S,
+    what: str | Callable[[], str] = "a condition",
 ) -> T:
     """Call ``predicate`` until it returns something truthy, and return that.
 
@@ -54,8 +56,11 @@ def running(pid: int) -> bool:
 
 def wait_gone(pids: "list[int] | set[int]", timeout: float = DEADLINE_S) -> None:
     """Wait until none of ``pids`` is running (see ``running``)."""
-    wait_for(lambda: not any(running(p) for p in pids), timeout,
-             lambda: f"processes to exit: {sorted(p for p in pids if running(p))} still running")
+    wait_for(
+        lambda: not any(running(p) for p in pids),
+        timeout,
+        lambda: f"processes to exit: {sorted(p for p in pids if running(p))} still running",
+    )
 
 
 def wait_workers_ready(pool, n: int | None = None, timeout: float = DEADLINE_S) -> list[int]:

@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 import fastpool
-from fastpool import _template
+from fastpool._runtime import _template
 
 LEAK_GRACE_S = 5.0  # the brief: a worker may take this long to go after shutdown
 SHUTDOWN_LIMIT_S = 30.0
@@ -81,8 +81,9 @@ def shutdown_within(pool: fastpool.Pool, limit_s: float = SHUTDOWN_LIMIT_S, **kw
         # fastpool's atexit hook would run the same hung shutdown again and keep
         # this interpreter from ever exiting; the test already reports the hang.
         fastpool.pool._live_pools.discard(pool)
-        pytest.fail(f"pool.shutdown(wait=True) did not return within {limit_s:g} s "
-                    f"(stats: {pool.stats()})")
+        pytest.fail(
+            f"pool.shutdown(wait=True) did not return within {limit_s:g} s (stats: {pool.stats()})"
+        )
     if errors:
         raise errors[0]
 
@@ -116,7 +117,9 @@ def executor(request: pytest.FixtureRequest) -> Iterator[Any]:
         with make_pool(2) as p:
             yield p
     else:
-        ex = ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("forkserver"))
+        ex = ProcessPoolExecutor(
+            max_workers=2, mp_context=multiprocessing.get_context("forkserver")
+        )
         try:
             yield ex
         finally:
@@ -290,8 +293,10 @@ def _leak_check(request: pytest.FixtureRequest) -> Iterator[None]:
         time.sleep(0.05)
     problems = []
     if procs:
-        problems.append(f"processes still alive {LEAK_GRACE_S:g} s after shutdown: "
-                        + ", ".join(_describe(p) for p in sorted(procs)))
+        problems.append(
+            f"processes still alive {LEAK_GRACE_S:g} s after shutdown: "
+            + ", ".join(_describe(p) for p in sorted(procs))
+        )
     if new_fds:
         problems.append(f"fds opened and not closed: {new_fds}")
     if shm:

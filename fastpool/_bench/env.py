@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from fastpool import _sizing
+from fastpool._supervision import _sizing
 
 
 def cpu_model() -> str | None:
@@ -40,7 +40,15 @@ def blas_info() -> list[dict[str, Any]]:
         from threadpoolctl import threadpool_info
     except ImportError:
         return []
-    keep = ("user_api", "internal_api", "prefix", "version", "num_threads", "threading_layer", "filepath")
+    keep = (
+        "user_api",
+        "internal_api",
+        "prefix",
+        "version",
+        "num_threads",
+        "threading_layer",
+        "filepath",
+    )
     return [{k: lib.get(k) for k in keep} for lib in threadpool_info()]
 
 
@@ -62,10 +70,20 @@ def git_commit(pkg_dir: Path | None = None) -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=10", "HEAD"],
-                              capture_output=True, text=True, timeout=5, check=False)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=10", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:
@@ -86,9 +104,11 @@ def busy_warning(usable: int | None = None) -> str | None:
     cpus = usable or _sizing.usable_cpus()
     if load <= BUSY_LOAD_PER_CPU * cpus:
         return None
-    return (f"WARNING: the machine is busy before this run started (load average {load:.1f} on "
-            f"{cpus} usable CPUs): other programs compete for the cores, so the timings are noisy "
-            "and the ratios may not hold. Run again when it is quiet.")
+    return (
+        f"WARNING: the machine is busy before this run started (load average {load:.1f} on "
+        f"{cpus} usable CPUs): other programs compete for the cores, so the timings are noisy "
+        "and the ratios may not hold. Run again when it is quiet."
+    )
 
 
 def environment() -> dict[str, Any]:

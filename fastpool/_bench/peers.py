@@ -45,7 +45,12 @@ ABANDONED: list[str] = []
 # Children that outlive one executor by design, shared by every pool of a session:
 # trackers, and the servers workers are forked from (fastpool's template is one per
 # parent process, like multiprocessing's forkserver).
-_INFRA_MARKERS = ("resource_tracker", "semaphore_tracker", "forkserver", "fastpool._template")
+_INFRA_MARKERS = (
+    "resource_tracker",
+    "semaphore_tracker",
+    "forkserver",
+    "fastpool._runtime._template",
+)
 
 
 class PeerUnavailable(ImportError):
@@ -143,8 +148,8 @@ class FastpoolPeer(Peer):
 
     @property
     def start_method(self) -> str:
-        # fastpool forks workers from its template process (fastpool/_template.py)
-        return "template" if "fastpool._template" in sys.modules else "?"
+        # fastpool forks workers from its template process (fastpool/_runtime/_template.py)
+        return "template" if "fastpool._runtime._template" in sys.modules else "?"
 
     def describe(self) -> str:
         with contextlib.suppress(Exception):
@@ -249,7 +254,9 @@ class JoblibPeer(Peer):
 
         super().__init__(workers)
         self._delayed = joblib.delayed
-        self.parallel = joblib.Parallel(n_jobs=workers, backend="loky", max_nbytes="1M", mmap_mode="r")
+        self.parallel = joblib.Parallel(
+            n_jobs=workers, backend="loky", max_nbytes="1M", mmap_mode="r"
+        )
         self.parallel.__enter__()
 
     @property
@@ -302,7 +309,9 @@ def _importable(module: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise PeerUnavailable(f"{module} is not installed (pip install {module}, or pip install 'fastpool[bench]')")
+        raise PeerUnavailable(
+            f"{module} is not installed (pip install {module}, or pip install 'fastpool[bench]')"
+        )
 
 
 PEERS: dict[str, type[Peer]] = {
@@ -311,8 +320,14 @@ PEERS: dict[str, type[Peer]] = {
 TASK_PEERS = [name for name, cls in PEERS.items() if not cls.arrays_only]
 ARRAY_PEERS = list(PEERS)
 # The command line's names for the peers (--peers mp,ppe,loky,joblib).
-KEYS = {"fastpool": "fastpool", "mp": "mp.Pool", "ppe": "PPE", "loky": "loky", "joblib": "joblib",
-        "serial": "in-process"}
+KEYS = {
+    "fastpool": "fastpool",
+    "mp": "mp.Pool",
+    "ppe": "PPE",
+    "loky": "loky",
+    "joblib": "joblib",
+    "serial": "in-process",
+}
 ALL_PEERS: dict[str, type[Peer]] = {**PEERS, InProcessPeer.name: InProcessPeer}
 
 
@@ -346,7 +361,7 @@ def _is_infra(proc: psutil.Process, my_cmdline: list[str]) -> bool:
 def _fastpool_template_pid() -> int | None:
     """fastpool's worker template lives as long as this process (it may be a fork of
     it, with the same command line): infrastructure, like a fork server."""
-    mod = sys.modules.get("fastpool._template")
+    mod = sys.modules.get("fastpool._runtime._template")
     return mod.template().pid if mod is not None else None
 
 
@@ -356,8 +371,9 @@ def worker_processes() -> list[psutil.Process]:
     me = psutil.Process()
     my_cmdline = me.cmdline()
     template = _fastpool_template_pid()
-    return [p for p in me.children(recursive=True)
-            if p.pid != template and not _is_infra(p, my_cmdline)]
+    return [
+        p for p in me.children(recursive=True) if p.pid != template and not _is_infra(p, my_cmdline)
+    ]
 
 
 def reap(procs: list[psutil.Process], who: str) -> None:
@@ -445,7 +461,11 @@ def first_result_s(name: str, workers: int = DEFAULT_WORKERS) -> float:
 def _fresh_python(code: str, *args: str) -> float:
     """Run ``code`` in a new interpreter; it prints seconds as its last word."""
     done = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     if done.returncode != 0:
         raise RuntimeError(f"fresh-process run failed:\n{done.stderr[-2000:]}")
@@ -456,8 +476,10 @@ def fresh_process_first_result_s(name: str, workers: int = DEFAULT_WORKERS) -> f
     """first_result_s in a new interpreter that has imported numpy: the first pool
     of a program, which pays for whatever a pool starts once per process (fastpool's
     template, loky's resource tracker)."""
-    code = ("import sys, numpy; from fastpool._bench import peers; "
-            "print(peers.first_result_s(sys.argv[1], int(sys.argv[2])))")
+    code = (
+        "import sys, numpy; from fastpool._bench import peers; "
+        "print(peers.first_result_s(sys.argv[1], int(sys.argv[2])))"
+    )
     return _fresh_python(code, name, str(workers))
 
 
@@ -465,10 +487,12 @@ def spawn_reference_s() -> float:
     """A plain ``multiprocessing`` spawn of one child that imports numpy, from a new
     interpreter that has imported numpy: what any fresh-interpreter start costs here,
     the yardstick for a first pool (issue 8, section 4)."""
-    code = ("import multiprocessing as mp, time, numpy; from fastpool._bench import tasks\n"
-            "if __name__ == '__main__':\n"
-            "    ctx = mp.get_context('spawn'); t0 = time.perf_counter()\n"
-            "    p = ctx.Process(target=tasks.import_numpy); p.start(); p.join()\n"
-            "    assert p.exitcode == 0, p.exitcode\n"
-            "    print(time.perf_counter() - t0)")
+    code = (
+        "import multiprocessing as mp, time, numpy; from fastpool._bench import tasks\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = mp.get_context('spawn'); t0 = time.perf_counter()\n"
+        "    p = ctx.Process(target=tasks.import_numpy); p.start(); p.join()\n"
+        "    assert p.exitcode == 0, p.exitcode\n"
+        "    print(time.perf_counter() - t0)"
+    )
     return _fresh_python(code)

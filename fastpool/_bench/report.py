@@ -93,9 +93,15 @@ def table(results: list[Result]) -> str:
     has_memory = any("delta_mb" in r.extra for r in rows)
     head = ["scenario", "peer", "setting", "median", "±", "p99", "throughput", "x mp.Pool"]
     head += ["+PSS (MB)"] if has_memory else []
-    lines = ["| " + " | ".join(head) + " |",
-             "|" + "|".join(["---", "---", "---", "---:", "---:", "---:", "---:", "---:"]
-                            + (["---:"] if has_memory else [])) + "|"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|"
+        + "|".join(
+            ["---", "---", "---", "---:", "---:", "---:", "---:", "---:"]
+            + (["---:"] if has_memory else [])
+        )
+        + "|",
+    ]
     groups: OrderedDict[str, list[Result]] = OrderedDict()
     for r in rows:
         groups.setdefault(r.group, []).append(r)
@@ -116,7 +122,16 @@ def table(results: list[Result]) -> str:
                 cells.append(str(r.extra["delta_mb"]) if "delta_mb" in r.extra else "")
             lines.append("| " + " | ".join(cells) + " |")
     for peer, (value, n) in sorted(geomeans(results).items(), key=lambda kv: -kv[1][0]):
-        cells = ["**geometric mean**", peer, f"{n} scenarios", "", "", "", "", f"**{fmt_ratio(value)}**"]
+        cells = [
+            "**geometric mean**",
+            peer,
+            f"{n} scenarios",
+            "",
+            "",
+            "",
+            "",
+            f"**{fmt_ratio(value)}**",
+        ]
         lines.append("| " + " | ".join(cells + ([""] if has_memory else [])) + " |")
     return "\n".join(lines)
 
@@ -138,24 +153,34 @@ def unstable(results: list[Result]) -> list[str]:
     if not bad:
         return []
     worst = max(bad, key=lambda r: r.spread or 0.0)
-    return [f"WARNING: {len(bad)} of {len(best_rows(results))} figures are unstable: the standard "
-            f"deviation of their rounds exceeds {100 * UNSTABLE_SPREAD:.0f}% of the median (marked ! "
-            f"in the ± column; worst: {worst.group} / {worst.label}, {100 * (worst.spread or 0):.0f}%). "
-            "Something else is using the CPUs, or the rounds are too few: close other programs, run "
-            "again, or run without --quick; compare ratios rather than times."]
+    return [
+        f"WARNING: {len(bad)} of {len(best_rows(results))} figures are unstable: the standard "
+        f"deviation of their rounds exceeds {100 * UNSTABLE_SPREAD:.0f}% of the median (marked ! "
+        f"in the ± column; worst: {worst.group} / {worst.label}, {100 * (worst.spread or 0):.0f}%). "
+        "Something else is using the CPUs, or the rounds are too few: close other programs, run "
+        "again, or run without --quick; compare ratios rather than times."
+    ]
 
 
 def failures(results: list[Result]) -> list[str]:
-    return [f"{r.group} / {r.label}{f' [{r.variant}]' if r.variant and not r.idiom else ''}: "
-            f"{r.error}" for r in results if r.error]
+    return [
+        f"{r.group} / {r.label}{f' [{r.variant}]' if r.variant and not r.idiom else ''}: {r.error}"
+        for r in results
+        if r.error
+    ]
 
 
 # ---- JSON ---------------------------------------------------------------------------------
 
 
 def dump(results: list[Result], env: dict[str, Any], meta: dict[str, Any], path: str) -> None:
-    data = {"format": JSON_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "environment": env, "metadata": meta, "results": [r.to_dict() for r in results]}
+    data = {
+        "format": JSON_FORMAT,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "environment": env,
+        "metadata": meta,
+        "results": [r.to_dict() for r in results],
+    }
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
@@ -166,24 +191,31 @@ def load(path: str) -> tuple[list[Result], dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
-        raise ValueError(f"{path} is not a `python -m fastpool bench --json` file "
-                         f"(no \"format\": \"{JSON_FORMAT}\")")
+        raise ValueError(
+            f'{path} is not a `python -m fastpool bench --json` file (no "format": "{JSON_FORMAT}")'
+        )
     return [Result.from_dict(r) for r in data["results"]], data
 
 
 # ---- compare ------------------------------------------------------------------------------
 
 
-def compare(old: list[Result], new: list[Result], old_name: str = "before",
-            new_name: str = "after") -> str:
+def compare(
+    old: list[Result], new: list[Result], old_name: str = "before", new_name: str = "after"
+) -> str:
     """asv-style: each row in both runs, Before / After / Ratio (after over before; below 1
     is faster now). ``+`` marks a row over CHANGE_FACTOR slower whose rounds do not overlap
     the old ones (every new round slower than every old one), ``-`` the same faster, and
     ``~`` a ratio beyond the factor that the spread of the rounds can explain."""
     before = {(r.scenario, r.label): r for r in best_rows(old)}
     after = {(r.scenario, r.label): r for r in best_rows(new)}
-    lines = [f"Before: {old_name}", f"After:  {new_name}", "",
-             "|   | Before | After | Ratio | benchmark |", "|---|---:|---:|---:|---|"]
+    lines = [
+        f"Before: {old_name}",
+        f"After:  {new_name}",
+        "",
+        "|   | Before | After | Ratio | benchmark |",
+        "|---|---:|---:|---:|---|",
+    ]
     worse = better = noisy = 0
     for key, a in after.items():
         b = before.get(key)
@@ -198,19 +230,29 @@ def compare(old: list[Result], new: list[Result], old_name: str = "before",
         noisy += mark == "~"
         worse += mark == "+"
         better += mark == "-"
-        lines.append(f"| {mark} | {fmt_time(b.median)} | {fmt_time(a.median)} | {ratio:.2f} | "
-                     f"{a.group} / {a.label} |")
+        lines.append(
+            f"| {mark} | {fmt_time(b.median)} | {fmt_time(a.median)} | {ratio:.2f} | "
+            f"{a.group} / {a.label} |"
+        )
     only = sorted(set(before) ^ set(after))
     lines.append("")
     if only:
-        lines.append(f"{len(only)} row(s) in one run only: " + "; ".join(f"{s} / {lab}" for s, lab in only))
+        lines.append(
+            f"{len(only)} row(s) in one run only: " + "; ".join(f"{s} / {lab}" for s, lab in only)
+        )
     if worse:
-        lines.append(f"SOME BENCHMARKS GOT SLOWER: {worse} row(s) marked + (ratio > {CHANGE_FACTOR}).")
+        lines.append(
+            f"SOME BENCHMARKS GOT SLOWER: {worse} row(s) marked + (ratio > {CHANGE_FACTOR})."
+        )
     if better:
-        lines.append(f"SOME BENCHMARKS GOT FASTER: {better} row(s) marked - (ratio < {1 / CHANGE_FACTOR:.2f}).")
+        lines.append(
+            f"SOME BENCHMARKS GOT FASTER: {better} row(s) marked - (ratio < {1 / CHANGE_FACTOR:.2f})."
+        )
     if noisy:
-        lines.append(f"{noisy} row(s) marked ~ moved by more than a factor of {CHANGE_FACTOR}, but within "
-                     "the spread of their rounds: noise, not a change (run again, or without --quick).")
+        lines.append(
+            f"{noisy} row(s) marked ~ moved by more than a factor of {CHANGE_FACTOR}, but within "
+            "the spread of their rounds: noise, not a change (run again, or without --quick)."
+        )
     if not worse and not better:
         lines.append(f"No row changed by more than a factor of {CHANGE_FACTOR} beyond its noise.")
     return "\n".join(lines)
@@ -226,7 +268,9 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ImportError(f"--plot draws with matplotlib, which is not installed: {PLOT_EXTRA}") from None
+        raise ImportError(
+            f"--plot draws with matplotlib, which is not installed: {PLOT_EXTRA}"
+        ) from None
 
 
 def plot(results: list[Result], path: str, title: str = "") -> None:
@@ -243,8 +287,10 @@ def plot(results: list[Result], path: str, title: str = "") -> None:
     for r in best_rows(results):
         if (r.scenario, r.label) in ratio and r.label != REFERENCE:
             groups.setdefault(r.group, []).append((r.label, ratio[(r.scenario, r.label)]))
-    labels = sorted({lab for rows in groups.values() for lab, _ in rows},
-                    key=lambda s: (not s.startswith("fastpool"), s))
+    labels = sorted(
+        {lab for rows in groups.values() for lab, _ in rows},
+        key=lambda s: (not s.startswith("fastpool"), s),
+    )
     colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
     n_bars = sum(len(v) for v in groups.values())
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.2 * n_bars + 0.25 * len(groups)))
@@ -254,8 +300,14 @@ def plot(results: list[Result], path: str, title: str = "") -> None:
         rows.sort(key=lambda row: labels.index(row[0]), reverse=True)
         top = y
         for lab, value in rows:
-            ax.barh(y, abs(value - 1.0), left=min(value, 1.0), height=0.8, color=colours[lab],
-                    label=None if lab in seen else lab)
+            ax.barh(
+                y,
+                abs(value - 1.0),
+                left=min(value, 1.0),
+                height=0.8,
+                color=colours[lab],
+                label=None if lab in seen else lab,
+            )
             ax.text(max(value, 1.0) * 1.05, y, fmt_ratio(value), va="center", fontsize=6)
             seen.add(lab)
             y += 1.0

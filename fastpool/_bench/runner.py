@@ -25,7 +25,6 @@ from fastpool._bench import peers as _peers
 from fastpool._bench.memory import peak_memory
 from fastpool._bench.scenarios import IN_PROCESS, SPAWN_REFERENCE, Case
 
-
 ROUND_MIN_S = 0.02
 MAX_INNER = 50
 
@@ -50,8 +49,18 @@ class Result:
 
     @classmethod
     def of(cls, case: Case) -> Result:
-        return cls(case.scenario, case.group, case.peer, case.variant, case.idiom, case.workers,
-                   case.kind, case.unit, case.ops, extra=dict(case.extra))
+        return cls(
+            case.scenario,
+            case.group,
+            case.peer,
+            case.variant,
+            case.idiom,
+            case.workers,
+            case.kind,
+            case.unit,
+            case.ops,
+            extra=dict(case.extra),
+        )
 
     @property
     def label(self) -> str:
@@ -149,8 +158,11 @@ def run(cases: list[Case], on_case: Callable[[int, int, Case], None] | None = No
     by_case: dict[int, Result] = {}
     done = 0
     for peer_name, workers in order:
-        mine = [(i, c) for i, c in enumerate(cases)
-                if c.kind != "fresh" and (c.peer, c.workers) == (peer_name, workers)]
+        mine = [
+            (i, c)
+            for i, c in enumerate(cases)
+            if c.kind != "fresh" and (c.peer, c.workers) == (peer_name, workers)
+        ]
         try:
             with _peers.open_peer(peer_name, workers or 1) as peer:
                 for i, case in mine:

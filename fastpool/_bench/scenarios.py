@@ -128,12 +128,14 @@ def array_call(peer: Peer, direction: str, idiom: str, arr: Any) -> Callable[[],
     Set-up the call does not time happens here, before it is returned."""
     fn = tasks.total if direction == "one way" else tasks.double
     if not idiom:
+
         def call() -> Any:
             return peer.submit(fn, arr).result()
 
         return call
     pool = peer.pool  # type: ignore[attr-defined]  # fastpool's idioms: FastpoolPeer only
     if idiom == "share":
+
         def call() -> Any:
             return pool.submit(fn, pool.share(arr, readonly=True)).result()
 
@@ -141,11 +143,13 @@ def array_call(peer: Peer, direction: str, idiom: str, arr: Any) -> Callable[[],
     src = pool.empty(arr.shape, arr.dtype)
     src[...] = arr
     if idiom == "empty":
+
         def call() -> Any:
             return pool.submit(fn, src).result()
 
         return call
     if idiom == "fill":
+
         def call() -> Any:
             out = pool.empty(arr.shape, arr.dtype)
             assert pool.submit(tasks.fill_double, src, out, 0, arr.size).result() == arr.size
@@ -162,21 +166,21 @@ def array_call(peer: Peer, direction: str, idiom: str, arr: Any) -> Callable[[],
 class Case:
     """One row to measure: a peer (and setting) in a scenario."""
 
-    scenario: str                   # stable id: "hop-2w", "arrays-round-trip-16"
-    group: str                      # the table title the row appears under
+    scenario: str  # stable id: "hop-2w", "arrays-round-trip-16"
+    group: str  # the table title the row appears under
     peer: str
-    variant: str = ""               # a swept setting ("chunksize=5000") or a fastpool idiom
-    idiom: bool = False             # True: the variant is its own row; False: best one kept
+    variant: str = ""  # a swept setting ("chunksize=5000") or a fastpool idiom
+    idiom: bool = False  # True: the variant is its own row; False: best one kept
     workers: int = 2
-    kind: str = "rounds"            # "rounds" | "latency" | "fresh"
+    kind: str = "rounds"  # "rounds" | "latency" | "fresh"
     build: Callable[[Peer], Callable[[], Any]] | None = None
     check: Callable[[Any], None] | None = None
-    ops: float = 1.0                # per call, for the throughput column
-    unit: str = "calls/s"           # the throughput column's unit
+    ops: float = 1.0  # per call, for the throughput column
+    unit: str = "calls/s"  # the throughput column's unit
     rounds: int = 5
     warmup: int = 1
-    calls: int = 0                  # latency: calls per round
-    memory_repeat: int = 0          # > 0: also sample peak memory over this many calls
+    calls: int = 0  # latency: calls per round
+    memory_repeat: int = 0  # > 0: also sample peak memory over this many calls
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -190,28 +194,64 @@ class Case:
 
 
 def _hop(peers: list[str], workers: int, calls: int, rounds: int) -> list[Case]:
-    return [Case(f"hop-{workers}w", hop_group(workers), p, workers=workers, kind="latency",
-                 build=round_trip, rounds=rounds, calls=calls // rounds)
-            for p in peers if p in TASK_PEERS]
+    return [
+        Case(
+            f"hop-{workers}w",
+            hop_group(workers),
+            p,
+            workers=workers,
+            kind="latency",
+            build=round_trip,
+            rounds=rounds,
+            calls=calls // rounds,
+        )
+        for p in peers
+        if p in TASK_PEERS
+    ]
 
 
-def _throughput(peers: list[str], workers: int, submits: int, items: int,
-                chunksizes: tuple[int, ...], rounds: int) -> list[Case]:
-    cases = [Case("submits", submits_group(submits, workers), p, workers=workers,
-                  build=lambda peer, n=submits: submit_many(peer, n),
-                  check=lambda got, n=submits: _expect(got, n), ops=submits, unit="tasks/s",
-                  rounds=3)
-             for p in peers if p in TASK_PEERS]
+def _throughput(
+    peers: list[str],
+    workers: int,
+    submits: int,
+    items: int,
+    chunksizes: tuple[int, ...],
+    rounds: int,
+) -> list[Case]:
+    cases = [
+        Case(
+            "submits",
+            submits_group(submits, workers),
+            p,
+            workers=workers,
+            build=lambda peer, n=submits: submit_many(peer, n),
+            check=lambda got, n=submits: _expect(got, n),
+            ops=submits,
+            unit="tasks/s",
+            rounds=3,
+        )
+        for p in peers
+        if p in TASK_PEERS
+    ]
     data = list(range(items))
     for p in peers:
         if p not in TASK_PEERS:
             continue
-        for cs in ([None, *chunksizes] if p == "fastpool" else chunksizes):
-            cases.append(Case(
-                "map", map_group(items, workers), p, variant=f"chunksize={cs or 'auto'}", workers=workers,
-                build=lambda peer, cs=cs: map_small(peer, data, cs),
-                check=lambda got, n=items: check_map(got, n), ops=items, unit="items/s",
-                rounds=rounds))
+        for cs in [None, *chunksizes] if p == "fastpool" else chunksizes:
+            cases.append(
+                Case(
+                    "map",
+                    map_group(items, workers),
+                    p,
+                    variant=f"chunksize={cs or 'auto'}",
+                    workers=workers,
+                    build=lambda peer, cs=cs: map_small(peer, data, cs),
+                    check=lambda got, n=items: check_map(got, n),
+                    ops=items,
+                    unit="items/s",
+                    rounds=rounds,
+                )
+            )
     return cases
 
 
@@ -227,28 +267,50 @@ def _arrays(peers: list[str], workers: int, sizes: tuple[int, ...], quick: bool)
                 box["arr"] = make_array(mib)
             return box["arr"]
 
-        for direction, group in (("one way", one_way_group(mib)), ("round trip", round_trip_group(mib))):
+        for direction, group in (
+            ("one way", one_way_group(mib)),
+            ("round trip", round_trip_group(mib)),
+        ):
             moved = (1 if direction == "one way" else 2) * mib * 2**20 / 1e9
-            check = ((lambda got, a=arr: check_total(got, a())) if direction == "one way"
-                     else (lambda got, a=arr: check_doubled(got, a())))
+            check = (
+                (lambda got, a=arr: check_total(got, a()))
+                if direction == "one way"
+                else (lambda got, a=arr: check_doubled(got, a()))
+            )
             rows = [(p, "") for p in [*peers, IN_PROCESS] if p in ARRAY_PEERS or p == IN_PROCESS]
             if "fastpool" in peers:
                 rows += [("fastpool", idiom) for idiom in IDIOMS[direction]]
             for p, idiom in rows:
-                cases.append(Case(
-                    f"arrays-{direction.replace(' ', '-')}-{mib}", group, p, variant=idiom,
-                    idiom=bool(idiom), workers=0 if p == IN_PROCESS else workers,
-                    build=lambda peer, d=direction, i=idiom, a=arr: array_call(peer, d, i, a()),
-                    check=check, ops=moved, unit="GB/s", rounds=rounds[mib],
-                    memory_repeat=repeat[mib], extra={"mib": mib}))
+                cases.append(
+                    Case(
+                        f"arrays-{direction.replace(' ', '-')}-{mib}",
+                        group,
+                        p,
+                        variant=idiom,
+                        idiom=bool(idiom),
+                        workers=0 if p == IN_PROCESS else workers,
+                        build=lambda peer, d=direction, i=idiom, a=arr: array_call(peer, d, i, a()),
+                        check=check,
+                        ops=moved,
+                        unit="GB/s",
+                        rounds=rounds[mib],
+                        memory_repeat=repeat[mib],
+                        extra={"mib": mib},
+                    )
+                )
     return cases
 
 
 def _start(peers: list[str], workers: int, runs: int) -> list[Case]:
     group = start_group(workers)
-    cases = [Case("start", group, p, workers=workers, kind="fresh", rounds=runs, warmup=0)
-             for p in peers if p in TASK_PEERS]
-    cases.append(Case("start", group, SPAWN_REFERENCE, workers=1, kind="fresh", rounds=runs, warmup=0))
+    cases = [
+        Case("start", group, p, workers=workers, kind="fresh", rounds=runs, warmup=0)
+        for p in peers
+        if p in TASK_PEERS
+    ]
+    cases.append(
+        Case("start", group, SPAWN_REFERENCE, workers=1, kind="fresh", rounds=runs, warmup=0)
+    )
     return cases
 
 
@@ -256,8 +318,9 @@ def _expect(got: Any, want: Any) -> None:
     assert got == want, f"got {got!r}, expected {want!r}"
 
 
-def catalog(peers: list[str], quick: bool = False, only: str | None = None,
-            workers: int = START_WORKERS) -> list[Case]:
+def catalog(
+    peers: list[str], quick: bool = False, only: str | None = None, workers: int = START_WORKERS
+) -> list[Case]:
     """Every case to run for ``peers`` (names as in PEERS), in running order.
 
     ``workers``: the pool size of every scenario but the 1-worker hop.

@@ -48,8 +48,10 @@ def resolve(target: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UsageError(f"cannot import {module_name!r} ({exc}); run from the directory that "
-                         "holds it, or put it on PYTHONPATH") from None
+        raise UsageError(
+            f"cannot import {module_name!r} ({exc}); run from the directory that "
+            "holds it, or put it on PYTHONPATH"
+        ) from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -74,7 +76,9 @@ def inputs(text: str) -> list[Any]:
     try:
         items = list(value)
     except TypeError:
-        raise UsageError(f"--args must give an iterable of inputs, not {type(value).__name__}") from None
+        raise UsageError(
+            f"--args must give an iterable of inputs, not {type(value).__name__}"
+        ) from None
     if len(items) < 2:
         raise UsageError(f"--args gave {len(items)} input(s); a pool needs several to compare")
     return items
@@ -118,8 +122,9 @@ def chunk_candidates(per_call_s: float, n: int, workers: int) -> list[int]:
     return sorted({min(top, c) for c in sizes})
 
 
-def _timed_map(pool: Any, kind: str, fn: Callable[[Any], Any], items: list[Any],
-               chunksize: int | None) -> tuple[float, list[Any]]:
+def _timed_map(
+    pool: Any, kind: str, fn: Callable[[Any], Any], items: list[Any], chunksize: int | None
+) -> tuple[float, list[Any]]:
     t0 = time.perf_counter()
     if kind == "fastpool":
         out = list(pool.map(fn, items, chunksize=chunksize))
@@ -150,14 +155,22 @@ def _close(kind: str, pool: Any) -> None:
         pool.join()
 
 
-def run(target: str, args_text: str, workers: int | None = None, json_path: str | None = None,
-        progress: bool = True, out: Any = sys.stdout) -> int:
+def run(
+    target: str,
+    args_text: str,
+    workers: int | None = None,
+    json_path: str | None = None,
+    progress: bool = True,
+    out: Any = sys.stdout,
+) -> int:
     """The whole --user run; returns the exit code (2 for bad usage, 1 for differing results)."""
-    from fastpool import _sizing
     from fastpool._bench.report import fmt_time
+    from fastpool._supervision import _sizing
 
     say = lambda text="": print(text, file=out, flush=True)  # noqa: E731
-    note = (lambda text: print(text, file=sys.stderr, flush=True)) if progress else (lambda text: None)
+    note = (
+        (lambda text: print(text, file=sys.stderr, flush=True)) if progress else (lambda text: None)
+    )
     try:
         fn = resolve(target)
         if not callable(fn):
@@ -172,9 +185,15 @@ def run(target: str, args_text: str, workers: int | None = None, json_path: str 
     n = len(items)
     per_call = serial_s / n
     top = workers or _sizing.usable_cpus()
-    counts = [top] if workers else sorted({w for w in (1, 2, 4, 8, 16, 32, 64, top) if w <= top}, reverse=True)
+    counts = (
+        [top]
+        if workers
+        else sorted({w for w in (1, 2, 4, 8, 16, 32, 64, top) if w <= top}, reverse=True)
+    )
     cands = chunk_candidates(per_call, n, top)
-    rows: list[dict[str, Any]] = [{"how": "serial", "workers": 1, "chunksize": None, "seconds": serial_s}]
+    rows: list[dict[str, Any]] = [
+        {"how": "serial", "workers": 1, "chunksize": None, "seconds": serial_s}
+    ]
     mismatches: list[str] = []
 
     def measure(kind: str, pool: Any, w: int, cs: int | None) -> dict[str, Any]:
@@ -202,41 +221,67 @@ def run(target: str, args_text: str, workers: int | None = None, json_path: str 
 
     fast = min((r for r in rows if r["how"] == "fastpool"), key=lambda r: r["seconds"])
     fp_rows = [r for r in rows if r["how"] == "fastpool" and r["chunksize"] == fast["chunksize"]]
-    enough = min((r for r in fp_rows if r["seconds"] <= fast["seconds"] * (1 + SAME_WITHIN)),
-                 key=lambda r: r["workers"])
+    enough = min(
+        (r for r in fp_rows if r["seconds"] <= fast["seconds"] * (1 + SAME_WITHIN)),
+        key=lambda r: r["workers"],
+    )
     mp_best = min((r for r in rows if r["how"] == "mp.Pool"), key=lambda r: r["seconds"])
 
-    say(f"## {target} over {n} inputs" + (f" (the first {n} of {n_given}: about "
-                                           f"{SERIAL_BUDGET_S:g} s of serial work)" if n < n_given else ""))
+    say(
+        f"## {target} over {n} inputs"
+        + (
+            f" (the first {n} of {n_given}: about {SERIAL_BUDGET_S:g} s of serial work)"
+            if n < n_given
+            else ""
+        )
+    )
     say(f"\nserial: {fmt_time(per_call)} a call. Pools were started and warmed before timing.\n")
     say("| how | workers | chunksize | time | calls/s | x serial | x mp.Pool (best) |")
     say("|---|---:|---:|---:|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: r["seconds"]):
         cs = "" if r["how"] == "serial" else (r["chunksize"] or "auto")
-        say(f"| {'**' + r['how'] + '**' if r is enough else r['how']} | {r['workers']} | {cs} | "
+        say(
+            f"| {'**' + r['how'] + '**' if r is enough else r['how']} | {r['workers']} | {cs} | "
             f"{fmt_time(r['seconds'])} | {n / r['seconds']:,.0f} | {serial_s / r['seconds']:.2f}x | "
-            f"{mp_best['seconds'] / r['seconds']:.2f}x |")
-    cs_text = f"chunksize={enough['chunksize']}" if enough["chunksize"] else "chunksize=None (automatic)"
-    say(f"\nSuggested: fastpool.Pool({enough['workers']}) and pool.map({fn.__name__}, inputs, {cs_text}): "
+            f"{mp_best['seconds'] / r['seconds']:.2f}x |"
+        )
+    cs_text = (
+        f"chunksize={enough['chunksize']}" if enough["chunksize"] else "chunksize=None (automatic)"
+    )
+    say(
+        f"\nSuggested: fastpool.Pool({enough['workers']}) and pool.map({fn.__name__}, inputs, {cs_text}): "
         f"{fmt_time(enough['seconds'])}, {serial_s / enough['seconds']:.2f}x serial, "
         f"{mp_best['seconds'] / enough['seconds']:.2f}x multiprocessing.Pool at its best "
-        f"({mp_best['workers']} workers, chunksize={mp_best['chunksize']}).")
+        f"({mp_best['workers']} workers, chunksize={mp_best['chunksize']})."
+    )
     if enough["workers"] < fast["workers"]:
         say(f"More workers than {enough['workers']} gain less than {100 * SAME_WITHIN:.0f}% here.")
     if fast["seconds"] >= serial_s:
-        say(f"No pool beat the serial run: each call takes {fmt_time(per_call)}, too little to pay for "
-            "sending it to another process. Give each call more work (a batch of inputs), or stay serial.")
+        say(
+            f"No pool beat the serial run: each call takes {fmt_time(per_call)}, too little to pay for "
+            "sending it to another process. Give each call more work (a batch of inputs), or stay serial."
+        )
     if _has_big_array(items):
-        say("Inputs hold NumPy arrays of 1 MiB or more: allocating them with pool.empty / pool.share "
-            "sends a descriptor instead of the bytes (see the README's Shared arrays).")
+        say(
+            "Inputs hold NumPy arrays of 1 MiB or more: allocating them with pool.empty / pool.share "
+            "sends a descriptor instead of the bytes (see the README's Shared arrays)."
+        )
     for m in mismatches:
         say(f"WARNING: {m} returned results that differ from the serial run.")
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
-            json.dump({"format": "fastpool-bench-user/1", "target": target, "inputs": n,
-                       "per_call_s": per_call, "rows": rows,
-                       "suggested": {"workers": enough["workers"], "chunksize": enough["chunksize"]}},
-                      f, indent=1)
+            json.dump(
+                {
+                    "format": "fastpool-bench-user/1",
+                    "target": target,
+                    "inputs": n,
+                    "per_call_s": per_call,
+                    "rows": rows,
+                    "suggested": {"workers": enough["workers"], "chunksize": enough["chunksize"]},
+                },
+                f,
+                indent=1,
+            )
         say(f"\nrows written to {json_path}")
     return 1 if mismatches else 0
 

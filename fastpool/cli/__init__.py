@@ -19,17 +19,19 @@ import sys
 
 COMMANDS = {
     "demo": "run a NumPy job on fastpool and multiprocessing.Pool side by side: per-task "
-            "overhead, a 256 MiB array job, then a crash, a timeout and a memory kill (about 10 s)",
+    "overhead, a 256 MiB array job, then a crash, a timeout and a memory kill (about 10 s)",
     "bench": "benchmark fastpool against the installed peers (multiprocessing.Pool, "
-             "ProcessPoolExecutor, loky, joblib), or time your own function with --user",
+    "ProcessPoolExecutor, loky, joblib), or time your own function with --user",
     "doctor": "show what limits a pool here (CPUs, BLAS threads, memory, kernel features); "
-              "paste it into a bug report; --smoke starts a pool",
+    "paste it into a bug report; --smoke starts a pool",
 }
 # Commands that run without the compiled core: doctor reports its absence as a finding.
 WITHOUT_CORE = {"doctor"}
 # Set (unless the user did) before a command's module loads NumPy: the demo compares
 # pools, not BLAS set-ups, with one BLAS thread per process and identical bits.
-ENVIRONMENT = {"demo": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
+ENVIRONMENT = {
+    "demo": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+}
 
 
 def _version() -> str:

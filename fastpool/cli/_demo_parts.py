@@ -82,7 +82,9 @@ def spin(seconds: float = SPIN_LIMIT_S) -> str:
 # ---- parent side -------------------------------------------------------------------
 
 
-def make_batches(n_batches: int, rows: int = ROWS, cols: int = COLS, seed: int = SEED) -> list[np.ndarray]:
+def make_batches(
+    n_batches: int, rows: int = ROWS, cols: int = COLS, seed: int = SEED
+) -> list[np.ndarray]:
     """``n_batches`` arrays of ``(rows, cols)`` float64: one sinusoid per row in unit noise.
 
     Row i of batch b has its own frequency (a whole number of cycles per row), so
@@ -105,7 +107,8 @@ def same_results(a: list, b: list) -> bool:
     if len(a) != len(b):
         return False
     return all(
-        len(ra) == len(rb) and all(np.array_equal(xa, xb) for xa, xb in zip(ra, rb)) for ra, rb in zip(a, b)
+        len(ra) == len(rb) and all(np.array_equal(xa, xb) for xa, xb in zip(ra, rb))
+        for ra, rb in zip(a, b)
     )
 
 

@@ -23,32 +23,60 @@ DEFAULT_PEERS = "mp,ppe,loky,joblib"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true",
-                   help="fewer rounds and sizes (no 256 MiB rows): under 30 s on two cores")
-    p.add_argument("--peers", default=DEFAULT_PEERS, metavar="LIST",
-                   help=f"comma-separated peers beside fastpool: mp (multiprocessing.Pool), ppe "
-                        f"(ProcessPoolExecutor), loky, joblib; those not installed are skipped "
-                        f"(default: {DEFAULT_PEERS})")
-    p.add_argument("--workers", type=int, default=None,
-                   help="workers per pool (default: 2 for the standard scenarios, the round trip "
-                        "also with 1; with --user, tries 1 up to the usable CPUs)")
-    p.add_argument("--only", metavar="IDS",
-                   help="run only the scenarios whose id contains one of these comma-separated "
-                        "words: hop, submits, map, arrays, one-way, round-trip, start, or a size "
-                        "such as 16")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer rounds and sizes (no 256 MiB rows): under 30 s on two cores",
+    )
+    p.add_argument(
+        "--peers",
+        default=DEFAULT_PEERS,
+        metavar="LIST",
+        help=f"comma-separated peers beside fastpool: mp (multiprocessing.Pool), ppe "
+        f"(ProcessPoolExecutor), loky, joblib; those not installed are skipped "
+        f"(default: {DEFAULT_PEERS})",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="workers per pool (default: 2 for the standard scenarios, the round trip "
+        "also with 1; with --user, tries 1 up to the usable CPUs)",
+    )
+    p.add_argument(
+        "--only",
+        metavar="IDS",
+        help="run only the scenarios whose id contains one of these comma-separated "
+        "words: hop, submits, map, arrays, one-way, round-trip, start, or a size "
+        "such as 16",
+    )
     p.add_argument("--json", metavar="PATH", help="write raw samples and metadata to PATH")
-    p.add_argument("--plot", metavar="PATH",
-                   help="write a PNG of the ratios to multiprocessing.Pool (needs fastpool[plot])")
-    p.add_argument("--compare", nargs="+", metavar="JSON",
-                   help="OLD: run, then print Before/After/Ratio against OLD; OLD NEW: compare "
-                        "two --json files without running")
-    p.add_argument("--user", metavar="MODULE:FUNC",
-                   help="time your own function on fastpool, multiprocessing.Pool and serially, "
-                        "and suggest a worker count and chunk size")
-    p.add_argument("--args", dest="user_args", metavar="EXPR",
-                   help="with --user: the inputs, one call each: a Python expression "
-                        "(numpy as np) such as 'range(1000)', or MODULE:NAME of a list or of a "
-                        "function returning one")
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a PNG of the ratios to multiprocessing.Pool (needs fastpool[plot])",
+    )
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="JSON",
+        help="OLD: run, then print Before/After/Ratio against OLD; OLD NEW: compare "
+        "two --json files without running",
+    )
+    p.add_argument(
+        "--user",
+        metavar="MODULE:FUNC",
+        help="time your own function on fastpool, multiprocessing.Pool and serially, "
+        "and suggest a worker count and chunk size",
+    )
+    p.add_argument(
+        "--args",
+        dest="user_args",
+        metavar="EXPR",
+        help="with --user: the inputs, one call each: a Python expression "
+        "(numpy as np) such as 'range(1000)', or MODULE:NAME of a list or of a "
+        "function returning one",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
 
@@ -65,7 +93,9 @@ class Progress:
     def __call__(self, i: int, n: int, case: Any) -> None:
         if not self.enabled:
             return
-        what = f"{case.group} · {case.label}" + (f" {case.variant}" if case.variant and not case.idiom else "")
+        what = f"{case.group} · {case.label}" + (
+            f" {case.variant}" if case.variant and not case.idiom else ""
+        )
         elapsed = time.perf_counter() - self.t0
         if self.tty:
             width = 24
@@ -124,13 +154,19 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error("--user needs --args: the inputs, e.g. --args 'range(1000)'")
         from fastpool._bench import user
 
-        return user.run(args.user, args.user_args, workers=args.workers, json_path=args.json,
-                        progress=not args.no_progress)
+        return user.run(
+            args.user,
+            args.user_args,
+            workers=args.workers,
+            json_path=args.json,
+            progress=not args.no_progress,
+        )
     return _standard(args, parser, report, old[0] if old else None)
 
 
-def _standard(args: argparse.Namespace, parser: argparse.ArgumentParser, report: Any,
-              old: list | None) -> int:
+def _standard(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, report: Any, old: list | None
+) -> int:
     from fastpool._bench import env as _env
     from fastpool._bench import peers as _peers
     from fastpool._bench import runner, scenarios
@@ -173,13 +209,21 @@ def _standard(args: argparse.Namespace, parser: argparse.ArgumentParser, report:
     for line in failed:
         print(f"\nFAILED: {line}")
     print("\n" + _env.footer(env))
-    meta = {"argv": shlex.join(sys.argv), "quick": args.quick, "workers": workers,
-            "peers": names, "skipped": skipped, "seconds": round(took, 1)}
+    meta = {
+        "argv": shlex.join(sys.argv),
+        "quick": args.quick,
+        "workers": workers,
+        "peers": names,
+        "skipped": skipped,
+        "seconds": round(took, 1),
+    }
     if args.json:
         report.dump(results, env, meta, args.json)
         print(f"\nraw samples written to {args.json}")
     if args.plot:
-        report.plot(results, args.plot, f"python -m fastpool bench ({mode}), fastpool {env['fastpool']}")
+        report.plot(
+            results, args.plot, f"python -m fastpool bench ({mode}), fastpool {env['fastpool']}"
+        )
         print(f"plot written to {args.plot}")
     if old is not None:
         print()

@@ -32,6 +32,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from fastpool._bench import tasks
+from fastpool._bench.env import busy_warning
 from fastpool.cli._demo_parts import (
     RESULT_WAIT_S,
     SPIN_LIMIT_S,
@@ -48,8 +50,6 @@ from fastpool.cli._demo_parts import (
     spin,
     wait_healed,
 )
-from fastpool._bench import tasks
-from fastpool._bench.env import busy_warning
 
 # One BLAS thread per process (cli/__init__ sets them before NumPy loads): the pools are
 # compared, not BLAS configurations, and every process computes the same bits.
@@ -65,8 +65,12 @@ PSS_INTERVAL_S = 0.02  # sampling PSS costs ~0.2 ms a process: every 20 ms keeps
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=None,
-                   help="worker processes for both pools (default: the CPUs this process may use)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes for both pools (default: the CPUs this process may use)",
+    )
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -127,8 +131,9 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:,.0f} µs" if seconds >= 1e-4 else f"{seconds * 1e6:.1f} µs"
 
 
-def small_tasks(say: Callable[..., None], check: Checks, fp: Any, mp: Any,
-                summary: list[str]) -> tuple[float, float]:
+def small_tasks(
+    say: Callable[..., None], check: Checks, fp: Any, mp: Any, summary: list[str]
+) -> tuple[float, float]:
     """Returns the median round trips (fastpool, multiprocessing.Pool), in seconds."""
     say("1. Many small tasks: the cost of one task, nothing to compute")
     for call in (lambda: mp.apply_async(tasks.noop).get(), lambda: fp.submit(tasks.noop).result()):
@@ -138,26 +143,37 @@ def small_tasks(say: Callable[..., None], check: Checks, fp: Any, mp: Any,
     fp_lat = _latencies(lambda: fp.submit(tasks.noop).result(), ROUND_TRIPS)
     p99 = lambda lat: lat[int(0.99 * len(lat))]  # noqa: E731
     for name, lat in (("multiprocessing.Pool", mp_lat), ("fastpool.Pool", fp_lat)):
-        say(f"   round trip, submit then wait  {name:<22} median {_us(statistics.median(lat)):>9}  "
-            f"p99 {_us(p99(lat)):>9}")
+        say(
+            f"   round trip, submit then wait  {name:<22} median {_us(statistics.median(lat)):>9}  "
+            f"p99 {_us(p99(lat)):>9}"
+        )
     rt = statistics.median(mp_lat) / statistics.median(fp_lat)
-    say(f"   -> round trip: fastpool {_faster(rt)} at the median, {_faster(p99(mp_lat) / p99(fp_lat))} at p99")
+    say(
+        f"   -> round trip: fastpool {_faster(rt)} at the median, {_faster(p99(mp_lat) / p99(fp_lat))} at p99"
+    )
     want = [i * i for i in range(SUBMITS)]
-    mp_s, mp_got = _timed(lambda: [f.get() for f in [mp.apply_async(tasks.square, (i,)) for i in range(SUBMITS)]])
-    fp_s, fp_got = _timed(lambda: [f.result() for f in [fp.submit(tasks.square, i) for i in range(SUBMITS)]])
+    mp_s, mp_got = _timed(
+        lambda: [f.get() for f in [mp.apply_async(tasks.square, (i,)) for i in range(SUBMITS)]]
+    )
+    fp_s, fp_got = _timed(
+        lambda: [f.result() for f in [fp.submit(tasks.square, i) for i in range(SUBMITS)]]
+    )
     for name, secs in (("multiprocessing.Pool", mp_s), ("fastpool.Pool", fp_s)):
         say(f"   {SUBMITS:,} submits, then wait   {name:<22} {SUBMITS / secs:9,.0f} tasks/s")
     say(f"   -> {SUBMITS:,} individual submits: fastpool {_faster(mp_s / fp_s)}")
     check(mp_got == want and fp_got == want, f"all {SUBMITS:,} results right on both pools")
-    summary += [f"no-op round trip           {_faster(rt)} ({_us(statistics.median(fp_lat))} vs "
-                f"{_us(statistics.median(mp_lat))} at the median)",
-                f"{SUBMITS:,} individual submits  {_faster(mp_s / fp_s)} ({SUBMITS / fp_s:,.0f} vs "
-                f"{SUBMITS / mp_s:,.0f} tasks/s)"]
+    summary += [
+        f"no-op round trip           {_faster(rt)} ({_us(statistics.median(fp_lat))} vs "
+        f"{_us(statistics.median(mp_lat))} at the median)",
+        f"{SUBMITS:,} individual submits  {_faster(mp_s / fp_s)} ({SUBMITS / fp_s:,.0f} vs "
+        f"{SUBMITS / mp_s:,.0f} tasks/s)",
+    ]
     return statistics.median(fp_lat), statistics.median(mp_lat)
 
 
-def array_job(say: Callable[..., None], check: Checks, fp: Any, mp: Any, workers: int,
-              summary: list[str]) -> None:
+def array_job(
+    say: Callable[..., None], check: Checks, fp: Any, mp: Any, workers: int, summary: list[str]
+) -> None:
     n = ARRAY_MIB * 2**20 // 8
     k = 2 * workers
     bounds = [(i * n // k, (i + 1) * n // k) for i in range(k)]
@@ -166,8 +182,10 @@ def array_job(say: Callable[..., None], check: Checks, fp: Any, mp: Any, workers
     x = rng.random(n)
     job_chunk(x[: n // 8])  # the allocator's first big blocks are fresh pages; not the job's cost
     serial_s, reference = _timed(lambda: job_chunk(x))
-    say(f"   in this process, one core            {serial_s:7.3f} s   (the compute alone; "
-        f"its output adds {ARRAY_MIB} MiB)")
+    say(
+        f"   in this process, one core            {serial_s:7.3f} s   (the compute alone; "
+        f"its output adds {ARRAY_MIB} MiB)"
+    )
     rows: list[tuple[str, float, float]] = []
 
     def by_value_mp() -> np.ndarray:
@@ -186,59 +204,100 @@ def array_job(say: Callable[..., None], check: Checks, fp: Any, mp: Any, workers
         return out
 
     outputs = {}
-    for name, call in (("multiprocessing.Pool, by value", by_value_mp),
-                       ("fastpool.Pool, by value", by_value_fp),
-                       ("fastpool.Pool, shared in and out", shared_fp)):
+    for name, call in (
+        ("multiprocessing.Pool, by value", by_value_mp),
+        ("fastpool.Pool, by value", by_value_fp),
+        ("fastpool.Pool, shared in and out", shared_fp),
+    ):
         secs, out, extra = _pss(call)
         outputs[name] = out
         rows.append((name, secs, extra))
         say(f"   {name:<37}{secs:7.3f} s   +{extra:6,.0f} MiB PSS")
         del out
     (mp_name, mp_s, mp_mb), _, (_, sh_s, sh_mb) = rows
-    check(all(np.array_equal(o, reference) for o in outputs.values()),
-          "outputs identical", "every pool's output == the in-process one, bit for bit")
+    check(
+        all(np.array_equal(o, reference) for o in outputs.values()),
+        "outputs identical",
+        "every pool's output == the in-process one, bit for bit",
+    )
     outputs.clear()
-    say(f"   -> shared arrays: {_faster(mp_s / sh_s, 'than multiprocessing.Pool')}, +{sh_mb:,.0f} MiB "
-        f"of memory instead of +{mp_mb:,.0f} MiB; {_faster(serial_s / sh_s, 'than the compute alone on one core')}")
-    summary.append(f"{ARRAY_MIB} MiB array job         {_faster(mp_s / sh_s)} with shared arrays, "
-                   f"+{sh_mb:,.0f} MiB PSS vs +{mp_mb:,.0f} MiB by value")
+    say(
+        f"   -> shared arrays: {_faster(mp_s / sh_s, 'than multiprocessing.Pool')}, +{sh_mb:,.0f} MiB "
+        f"of memory instead of +{mp_mb:,.0f} MiB; {_faster(serial_s / sh_s, 'than the compute alone on one core')}"
+    )
+    summary.append(
+        f"{ARRAY_MIB} MiB array job         {_faster(mp_s / sh_s)} with shared arrays, "
+        f"+{sh_mb:,.0f} MiB PSS vs +{mp_mb:,.0f} MiB by value"
+    )
 
 
-def compute_bound(say: Callable[..., None], check: Checks, fp: Any, mp: Any, batches: list[np.ndarray],
-                  reference: list, serial_s: float, hops: tuple[float, float], summary: list[str]) -> None:
-    say(f"3. Compute-bound: process_batch over {len(batches)} batches of 384 x 512 (FFT, Gram "
-        "eigenvalues), chunksize=1")
+def compute_bound(
+    say: Callable[..., None],
+    check: Checks,
+    fp: Any,
+    mp: Any,
+    batches: list[np.ndarray],
+    reference: list,
+    serial_s: float,
+    hops: tuple[float, float],
+    summary: list[str],
+) -> None:
+    say(
+        f"3. Compute-bound: process_batch over {len(batches)} batches of 384 x 512 (FFT, Gram "
+        "eigenvalues), chunksize=1"
+    )
     mp_s, mp_res = _timed(lambda: mp.map(process_batch, batches, 1))
     fp_s, fp_res = _timed(lambda: list(fp.map(process_batch, batches, chunksize=1)))
     for name, secs in (("multiprocessing.Pool", mp_s), ("fastpool.Pool", fp_s)):
         say(f"   {name:<37}{secs:7.3f} s   {len(batches) / secs:6.1f} batches/s")
     task_s = serial_s / len(batches)
     say(f"   in this process, one core            {serial_s:7.3f} s")
-    say(f"   -> fastpool {_faster(mp_s / fp_s)}. Each task computes for {task_s * 1e3:.1f} ms, "
+    say(
+        f"   -> fastpool {_faster(mp_s / fp_s)}. Each task computes for {task_s * 1e3:.1f} ms, "
         f"{task_s / hops[0]:,.0f}x fastpool's round trip and {task_s / hops[1]:,.0f}x "
         "multiprocessing.Pool's: the pools' own costs are small here, and what is left is the "
-        "cores (and whatever else runs on them)")
-    check(same_results(fp_res, reference) and same_results(mp_res, reference),
-          "results identical", "fastpool == multiprocessing.Pool == in-process, bit for bit")
-    summary.append(f"compute-bound batches      {_faster(mp_s / fp_s)} ({task_s * 1e3:.0f} ms tasks: "
-                   "the work dominates)")
+        "cores (and whatever else runs on them)"
+    )
+    check(
+        same_results(fp_res, reference) and same_results(mp_res, reference),
+        "results identical",
+        "fastpool == multiprocessing.Pool == in-process, bit for bit",
+    )
+    summary.append(
+        f"compute-bound batches      {_faster(mp_s / fp_s)} ({task_s * 1e3:.0f} ms tasks: "
+        "the work dominates)"
+    )
 
 
-def supervision(say: Callable[..., None], check: Checks, workers: int, batches: list[np.ndarray],
-                reference: list, summary: list[str]) -> list[int]:
+def supervision(
+    say: Callable[..., None],
+    check: Checks,
+    workers: int,
+    batches: list[np.ndarray],
+    reference: list,
+    summary: list[str],
+) -> list[int]:
     import fastpool
     from fastpool import TaskTimeout, WorkerCrashed, WorkerMemoryError
 
-    say(f"4. Supervision: 4 tasks that kill their worker, among 6 normal ones "
-        f"(Pool(memory_limit={MEMORY_LIMIT!r}), options(timeout={TASK_TIMEOUT_S}) for spin)")
-    with fastpool.Pool(workers, blas_threads=1, memory_limit=MEMORY_LIMIT, memory_interval_s=0.02) as pool:
+    say(
+        f"4. Supervision: 4 tasks that kill their worker, among 6 normal ones "
+        f"(Pool(memory_limit={MEMORY_LIMIT!r}), options(timeout={TASK_TIMEOUT_S}) for spin)"
+    )
+    with fastpool.Pool(
+        workers, blas_threads=1, memory_limit=MEMORY_LIMIT, memory_interval_s=0.02
+    ) as pool:
         pool.submit(int).result(timeout=RESULT_WAIT_S)
         wait_healed(pool, 0, workers)
         before = sorted(pool.pids())
         bad: dict[str, tuple[Future, type, str]] = {
             "die_by_sigkill()": (pool.submit(die_by_sigkill), WorkerCrashed, "SIGKILL"),
             "die_by_segfault()": (pool.submit(die_by_segfault), WorkerCrashed, "SIGSEGV"),
-            "spin()": (pool.options(timeout=TASK_TIMEOUT_S).submit(spin, SPIN_LIMIT_S), TaskTimeout, ""),
+            "spin()": (
+                pool.options(timeout=TASK_TIMEOUT_S).submit(spin, SPIN_LIMIT_S),
+                TaskTimeout,
+                "",
+            ),
             "hog_memory()": (pool.submit(hog_memory), WorkerMemoryError, "memory"),
         }
         good = [(i, pool.submit(process_batch, batches[i])) for i in range(6)]
@@ -246,16 +305,26 @@ def supervision(say: Callable[..., None], check: Checks, workers: int, batches: 
             status, exc = outcome(fut)
             say(f"   {label:<19} -> {type(exc).__name__ if exc else 'completed'}: {exc}")
             check(type(exc) is want and word in str(exc), f"{label} failed with {want.__name__}")
-        got = [fut.result(timeout=RESULT_WAIT_S) for _, fut in good if fut.exception(timeout=RESULT_WAIT_S) is None]
-        check(len(got) == len(good) and same_results(got, [reference[i] for i, _ in good]),
-              "the 6 normal tasks completed with the right results")
+        got = [
+            fut.result(timeout=RESULT_WAIT_S)
+            for _, fut in good
+            if fut.exception(timeout=RESULT_WAIT_S) is None
+        ]
+        check(
+            len(got) == len(good) and same_results(got, [reference[i] for i, _ in good]),
+            "the 6 normal tasks completed with the right results",
+        )
         healed = wait_healed(pool, 4, workers)
         after = pool.submit(process_batch, batches[7]).result(timeout=RESULT_WAIT_S)
         stats = pool.stats()
-        say(f"   workers before {before}, after {sorted(pool.pids())}; restarts {stats['restarts']}, "
-            f"crash records {len(stats['crashes'])} (pool.stats()['crashes'])")
-        check(healed and same_results([after], [reference[7]]),
-              f"all 4 dead workers replaced, {workers} ready, the pool computes correctly")
+        say(
+            f"   workers before {before}, after {sorted(pool.pids())}; restarts {stats['restarts']}, "
+            f"crash records {len(stats['crashes'])} (pool.stats()['crashes'])"
+        )
+        check(
+            healed and same_results([after], [reference[7]]),
+            f"all 4 dead workers replaced, {workers} ready, the pool computes correctly",
+        )
         last = sorted(pool.pids())
         shm, with_memfd = shared_mappings(last)
     summary.append("supervision                4 kills -> 4 specific errors, 0 other tasks lost")
@@ -272,9 +341,13 @@ def mp_crash(say: Callable[..., None], workers: int, summary: list[str]) -> None
             text = "completed?"
         except multiprocessing.TimeoutError:
             waited = time.monotonic() - t0
-            text = (f"no error and no result: still waiting after {waited:.1f} s "
-                    "(the pool replaced the worker and lost the task)")
-            summary.append(f"multiprocessing.Pool       the same SIGKILL: no error, no result after {waited:.1f} s")
+            text = (
+                f"no error and no result: still waiting after {waited:.1f} s "
+                "(the pool replaced the worker and lost the task)"
+            )
+            summary.append(
+                f"multiprocessing.Pool       the same SIGKILL: no error, no result after {waited:.1f} s"
+            )
         say(f"   die_by_sigkill()    -> {text}")
     finally:
         mp.terminate()
@@ -284,7 +357,7 @@ def mp_crash(say: Callable[..., None], workers: int, summary: list[str]) -> None
 def run_demo(workers: int | None = None, out: TextIO = sys.stdout) -> int:
     """Runs the whole demo, writing to ``out``.  Returns 0 if every check passed, else 1."""
     import fastpool
-    from fastpool import _sizing
+    from fastpool._supervision import _sizing
 
     t_start = time.perf_counter()
     say = lambda text="": (out.write(text + "\n"), out.flush())  # noqa: E731
@@ -297,8 +370,10 @@ def run_demo(workers: int | None = None, out: TextIO = sys.stdout) -> int:
     busy: str | None = None
     try:
         blas = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in BLAS_ENV_VARS)
-        say(f"fastpool {fastpool.__version__} demo: {workers} workers for both pools "
-            f"({_sizing.usable_cpus()} usable CPUs); {blas}")
+        say(
+            f"fastpool {fastpool.__version__} demo: {workers} workers for both pools "
+            f"({_sizing.usable_cpus()} usable CPUs); {blas}"
+        )
         busy = busy_warning()
         if busy:
             say(busy)
@@ -325,18 +400,26 @@ def run_demo(workers: int | None = None, out: TextIO = sys.stdout) -> int:
         mp_crash(say, workers, summary)
         say()
         say("5. Cleanup")
-        check(bool(last), "the board and the arena are anonymous memfds: the workers map nothing "
-              "from /dev/shm")
+        check(
+            bool(last),
+            "the board and the arena are anonymous memfds: the workers map nothing from /dev/shm",
+        )
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and any(alive(p) for p in last):
             time.sleep(0.02)
         left = [p for p in last if alive(p)]
-        check(not left, "after shutdown no worker is left running", f"still running: {left}" if left else "")
+        check(
+            not left,
+            "after shutdown no worker is left running",
+            f"still running: {left}" if left else "",
+        )
     finally:
         logging.getLogger("fastpool").removeHandler(quiet)
         logging.getLogger("fastpool").propagate = True
     say()
-    say(f"Summary: fastpool.Pool against multiprocessing.Pool, {workers} workers each, measured above")
+    say(
+        f"Summary: fastpool.Pool against multiprocessing.Pool, {workers} workers each, measured above"
+    )
     for line in summary:
         say(f"   {line}")
     if busy:
@@ -344,7 +427,10 @@ def run_demo(workers: int | None = None, out: TextIO = sys.stdout) -> int:
     failed = check.failed
     total = time.perf_counter() - t_start
     if failed:
-        say(f"\ndemo FAILED {len(failed)} of {len(check.results)} checks in {total:.1f} s: " + "; ".join(failed))
+        say(
+            f"\ndemo FAILED {len(failed)} of {len(check.results)} checks in {total:.1f} s: "
+            + "; ".join(failed)
+        )
         return 1
     say(f"\ndemo passed all {len(check.results)} checks in {total:.1f} s")
     return 0

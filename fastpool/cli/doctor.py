@@ -31,11 +31,19 @@ import time
 from typing import Any
 
 SMOKE_CALLS = 200
-FDS_PER_WORKER = 4   # parent: pidfd and its share of the board; template: the worker's pipe ends
-FDS_BASE = 32        # board and arena memfds, template socket, wake-up pipe, and headroom
+FDS_PER_WORKER = 4  # parent: pidfd and its share of the board; template: the worker's pipe ends
+FDS_BASE = 32  # board and arena memfds, template socket, wake-up pipe, and headroom
 # syscall numbers of futex(2), by machine (asm-generic ones share 98)
-SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "riscv64": 98, "ppc64le": 221, "ppc64": 221,
-             "s390x": 238, "armv7l": 240, "i686": 240}
+SYS_FUTEX = {
+    "x86_64": 202,
+    "aarch64": 98,
+    "riscv64": 98,
+    "ppc64le": 221,
+    "ppc64": 221,
+    "s390x": 238,
+    "armv7l": 240,
+    "i686": 240,
+}
 EXTRAS = {  # module -> (distribution, what it is for)
     "tqdm": ("tqdm", "progress bars: pip install 'fastpool[progress]'"),
     "rich": ("rich", "rich progress bars (opt-in)"),
@@ -51,11 +59,20 @@ EXTRAS = {  # module -> (distribution, what it is for)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
-    p.add_argument("--smoke", action="store_true",
-                   help="also start a pool, run one task, and time the first pool and the round trip")
-    p.add_argument("--workers", type=int, default=None,
-                   help="judge this worker count instead of the default (and use it for --smoke)")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the screen"
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="also start a pool, run one task, and time the first pool and the round trip",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="judge this worker count instead of the default (and use it for --smoke)",
+    )
 
 
 class Findings:
@@ -79,13 +96,13 @@ class Findings:
 
 
 def _threads_now() -> int:
-    from fastpool import _forksafe
+    from fastpool._runtime import _forksafe
 
     return _forksafe.os_threads()
 
 
 def kernel_features() -> dict[str, str]:
-    """"ok", or what failed, for each kernel feature fastpool needs."""
+    """ "ok", or what failed, for each kernel feature fastpool needs."""
     out: dict[str, str] = {}
     try:
         fd = os.memfd_create("fastpool-doctor", os.MFD_CLOEXEC)
@@ -117,7 +134,7 @@ def kernel_features() -> dict[str, str]:
 
 def template_plan() -> dict[str, Any]:
     """How the template would start if this process made its first pool now, and why."""
-    from fastpool import _template
+    from fastpool._runtime import _template
 
     method, why = _template.start_plan()
     return {"method": method, "why": why}
@@ -128,7 +145,11 @@ def _user_processes() -> int | None:
         import psutil
 
         uid = os.getuid()
-        return sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid)
+        return sum(
+            1
+            for p in psutil.process_iter(["uids"])
+            if p.info["uids"] and p.info["uids"].real == uid
+        )
     except Exception:  # noqa: BLE001 - a count we cannot take is reported as unknown
         return None
 
@@ -153,8 +174,8 @@ def _extras() -> dict[str, str | None]:
 def collect(workers: int | None, findings: Findings, threads_at_start: int) -> dict[str, Any]:
     """Every fact, as a JSON-able dict; problems go to ``findings``."""
     import fastpool
-    from fastpool import _memory, _sizing
     from fastpool._bench import env as _env
+    from fastpool._supervision import _memory, _sizing
 
     facts: dict[str, Any] = {
         "fastpool": fastpool.__version__,
@@ -167,13 +188,20 @@ def collect(workers: int | None, findings: Findings, threads_at_start: int) -> d
     if fastpool.CORE_ERROR is not None:
         findings.error("fastpool's compiled core does not load", fastpool.CORE_ERROR)
     if sys.platform != "linux":
-        findings.error(f"this is {sys.platform}: fastpool runs on Linux only",
-                       "it needs memfd, pidfd and futex; use Linux (a VM or WSL2 will do)")
+        findings.error(
+            f"this is {sys.platform}: fastpool runs on Linux only",
+            "it needs memfd, pidfd and futex; use Linux (a VM or WSL2 will do)",
+        )
     usable = _sizing.usable_cpus()
     default = _sizing.default_workers()
     n = workers or default
-    facts["cpus"] = {"os_cpu_count": os.cpu_count(), "affinity": _env.affinity_cpus(),
-                     "cgroup_quota": _sizing.cpu_quota(), "usable": usable, "default_workers": default}
+    facts["cpus"] = {
+        "os_cpu_count": os.cpu_count(),
+        "affinity": _env.affinity_cpus(),
+        "cgroup_quota": _sizing.cpu_quota(),
+        "usable": usable,
+        "default_workers": default,
+    }
     facts["threads_at_start"] = threads_at_start
     with contextlib.suppress(ImportError):
         import numpy
@@ -190,53 +218,85 @@ def collect(workers: int | None, findings: Findings, threads_at_start: int) -> d
         if v in chosen and chosen[v].isdigit():
             per_worker = max(per_worker, int(chosen[v]))
             break
-    facts["blas"] = {"libraries": blas, "env": chosen, "workers": n, "threads_per_worker": per_worker,
-                     "total_threads": n * per_worker}
+    facts["blas"] = {
+        "libraries": blas,
+        "env": chosen,
+        "workers": n,
+        "threads_per_worker": per_worker,
+        "total_threads": n * per_worker,
+    }
     if n * per_worker > usable:
-        findings.warning(f"{n} workers x {per_worker} BLAS threads = {n * per_worker} threads on {usable} "
-                         "usable CPUs: oversubscribed (BLAS threads fight for cores)",
-                         f"set {', '.join(chosen) or 'OMP_NUM_THREADS'} to {max(1, usable // n)} "
-                         f"(usable CPUs // workers) or unset it, or pass Pool(blas_threads={max(1, usable // n)})")
+        findings.warning(
+            f"{n} workers x {per_worker} BLAS threads = {n * per_worker} threads on {usable} "
+            "usable CPUs: oversubscribed (BLAS threads fight for cores)",
+            f"set {', '.join(chosen) or 'OMP_NUM_THREADS'} to {max(1, usable // n)} "
+            f"(usable CPUs // workers) or unset it, or pass Pool(blas_threads={max(1, usable // n)})",
+        )
     cg = _memory.cgroup_of()
     oom = _memory.oom_kill_count(cg)
     facts["memory"] = {
-        "total_bytes": _sizing.total_memory_bytes(), "available_bytes": _sizing.available_memory_bytes(),
-        "cgroup_limit_bytes": _sizing.memory_limit_bytes(), "oom_kill_counter": oom,
-        "oom_kill_counter_readable": oom is not None, "system_oom_kills": _memory.system_oom_kill_count(),
+        "total_bytes": _sizing.total_memory_bytes(),
+        "available_bytes": _sizing.available_memory_bytes(),
+        "cgroup_limit_bytes": _sizing.memory_limit_bytes(),
+        "oom_kill_counter": oom,
+        "oom_kill_counter_readable": oom is not None,
+        "system_oom_kills": _memory.system_oom_kill_count(),
     }
     if oom is None:
-        findings.warning("the cgroup OOM-kill counter is not readable here",
-                         "a worker killed by the kernel's OOM killer is reported as WorkerCrashed "
-                         "(SIGKILL), not WorkerMemoryError; set Pool(memory_limit=...) so fastpool "
-                         "kills it first and says so")
-    facts["template"] = {"now": template_plan(),
-                         "FASTPOOL_TEMPLATE_START": os.environ.get("FASTPOOL_TEMPLATE_START")}
-    if facts["template"]["now"]["method"] == "spawn" and threads_at_start == 1 and facts["threads_after_numpy"] > 1:
+        findings.warning(
+            "the cgroup OOM-kill counter is not readable here",
+            "a worker killed by the kernel's OOM killer is reported as WorkerCrashed "
+            "(SIGKILL), not WorkerMemoryError; set Pool(memory_limit=...) so fastpool "
+            "kills it first and says so",
+        )
+    facts["template"] = {
+        "now": template_plan(),
+        "FASTPOOL_TEMPLATE_START": os.environ.get("FASTPOOL_TEMPLATE_START"),
+    }
+    if (
+        facts["template"]["now"]["method"] == "spawn"
+        and threads_at_start == 1
+        and facts["threads_after_numpy"] > 1
+    ):
         facts["template"]["after_import_numpy"] = (
             f"importing NumPy started {facts['threads_after_numpy'] - 1} thread(s) that are not idle "
             "OpenBLAS workers, so a script that imports numpy before its first Pool() gets a spawned "
             "template (a new interpreter: a slower first pool). OMP_NUM_THREADS=1 in the environment "
-            "keeps the process forkable, at the cost of the parent's own BLAS parallelism")
-    facts["parent_threads"] = {"python": threading.active_count(), "os": facts["threads_after_numpy"]}
+            "keeps the process forkable, at the cost of the parent's own BLAS parallelism"
+        )
+    facts["parent_threads"] = {
+        "python": threading.active_count(),
+        "os": facts["threads_after_numpy"],
+    }
     facts["kernel"] = kernel_features()
     for feature, state in facts["kernel"].items():
         if state != "ok" and not state.startswith("not checked"):
-            findings.error(f"kernel feature {feature}: {state}",
-                           "fastpool needs Linux 5.3 or later (memfd_create, pidfd_open, futex); "
-                           "a seccomp profile (Docker, gVisor) may also block them: allow those syscalls")
+            findings.error(
+                f"kernel feature {feature}: {state}",
+                "fastpool needs Linux 5.3 or later (memfd_create, pidfd_open, futex); "
+                "a seccomp profile (Docker, gVisor) may also block them: allow those syscalls",
+            )
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)
     need_fds = FDS_BASE + FDS_PER_WORKER * n
     running = _user_processes()
-    facts["limits"] = {"RLIMIT_NOFILE": [_limit(nofile[0]), _limit(nofile[1])],
-                       "RLIMIT_NPROC": [_limit(nproc[0]), _limit(nproc[1])],
-                       "fds_needed": need_fds, "user_processes": running}
+    facts["limits"] = {
+        "RLIMIT_NOFILE": [_limit(nofile[0]), _limit(nofile[1])],
+        "RLIMIT_NPROC": [_limit(nproc[0]), _limit(nproc[1])],
+        "fds_needed": need_fds,
+        "user_processes": running,
+    }
     if _limit(nofile[0]) is not None and nofile[0] < need_fds:
-        findings.error(f"RLIMIT_NOFILE is {nofile[0]}; {n} workers need about {need_fds} descriptors",
-                       f"raise it: `ulimit -n {max(need_fds, 4096)}` before starting Python")
+        findings.error(
+            f"RLIMIT_NOFILE is {nofile[0]}; {n} workers need about {need_fds} descriptors",
+            f"raise it: `ulimit -n {max(need_fds, 4096)}` before starting Python",
+        )
     if _limit(nproc[0]) is not None and running is not None and nproc[0] < running + n + 2:
-        findings.error(f"RLIMIT_NPROC is {nproc[0]} and this user runs {running} processes: no room for "
-                       f"{n} workers and the template", f"raise it: `ulimit -u {running + 4 * n + 16}`")
+        findings.error(
+            f"RLIMIT_NPROC is {nproc[0]} and this user runs {running} processes: no room for "
+            f"{n} workers and the template",
+            f"raise it: `ulimit -u {running + 4 * n + 16}`",
+        )
     facts["extras"] = _extras()
     return facts
 
@@ -266,18 +326,22 @@ def smoke(workers: int, findings: Findings) -> dict[str, Any]:
             t2 = time.perf_counter()
             pool.shutdown(wait=True)
             out["shutdown_s"] = time.perf_counter() - t2
-        from fastpool import _template
+        from fastpool._runtime import _template
 
         out["template_pid"] = _template.template().pid
         left = [p for p in pids if _alive(p)]
         out["workers_left"] = left
         if left:
-            findings.error(f"workers {left} outlived pool.shutdown()", "report this as a fastpool bug")
+            findings.error(
+                f"workers {left} outlived pool.shutdown()", "report this as a fastpool bug"
+            )
     except Exception as exc:  # noqa: BLE001 - the smoke test reports whatever went wrong
         out["error"] = f"{type(exc).__name__}: {exc}"
-        findings.error(f"the smoke test failed: {out['error']}",
-                       "run again with `python -X dev -m fastpool doctor --smoke` and include the output "
-                       "in a bug report")
+        findings.error(
+            f"the smoke test failed: {out['error']}",
+            "run again with `python -X dev -m fastpool doctor --smoke` and include the output "
+            "in a bug report",
+        )
     return out
 
 
@@ -300,12 +364,19 @@ def render(facts: dict[str, Any], findings: Findings) -> str:
     from fastpool._bench.env import blas_summary
     from fastpool._bench.report import fmt_time
 
-    c, b, m, t, k, lim = (facts[x] for x in ("cpus", "blas", "memory", "template", "kernel", "limits"))
+    c, b, m, t, k, lim = (
+        facts[x] for x in ("cpus", "blas", "memory", "template", "kernel", "limits")
+    )
     quota = f"{c['cgroup_quota']:g}" if c["cgroup_quota"] else "none"
-    env_text = (", ".join(f"{name}={v}" for name, v in b["env"].items())
-                or "no BLAS variable set: fastpool sets 1, then raises it to usable // workers")
-    oom_text = (f"readable ({m['oom_kill_counter']} so far)" if m["oom_kill_counter_readable"]
-                else "NOT readable")
+    env_text = (
+        ", ".join(f"{name}={v}" for name, v in b["env"].items())
+        or "no BLAS variable set: fastpool sets 1, then raises it to usable // workers"
+    )
+    oom_text = (
+        f"readable ({m['oom_kill_counter']} so far)"
+        if m["oom_kill_counter_readable"]
+        else "NOT readable"
+    )
     lines = [
         f"fastpool {facts['fastpool']} at {facts['location']}",
         f"  compiled core   {'present' if facts['core'] else 'MISSING (see below)'}",
@@ -348,15 +419,21 @@ def render(facts: dict[str, Any], findings: Findings) -> str:
         if "error" in s:
             lines.append(f"  FAILED: {s['error']}")
         else:
-            lines.append(f"  Pool({s['workers']}) constructor to first result {fmt_time(s['first_result_s'])}; "
-                         f"no-op round trip median {fmt_time(s['round_trip_median_s'])}, p99 "
-                         f"{fmt_time(s['round_trip_p99_s'])} ({SMOKE_CALLS} calls); shutdown "
-                         f"{fmt_time(s['shutdown_s'])}, {len(s['workers_left'])} worker(s) left")
+            lines.append(
+                f"  Pool({s['workers']}) constructor to first result {fmt_time(s['first_result_s'])}; "
+                f"no-op round trip median {fmt_time(s['round_trip_median_s'])}, p99 "
+                f"{fmt_time(s['round_trip_p99_s'])} ({SMOKE_CALLS} calls); shutdown "
+                f"{fmt_time(s['shutdown_s'])}, {len(s['workers_left'])} worker(s) left"
+            )
     lines.append("")
     for item in findings.items:
         lines.append(f"{item['level'].upper()}: {item['what']}.\n  What to do: {item['fix']}.")
-    lines.append("BLOCKED: fastpool cannot run here until the errors above are fixed." if findings.blocked
-                 else "OK: nothing blocks fastpool here" + (" (see the warnings above)." if findings.items else "."))
+    lines.append(
+        "BLOCKED: fastpool cannot run here until the errors above are fixed."
+        if findings.blocked
+        else "OK: nothing blocks fastpool here"
+        + (" (see the warnings above)." if findings.items else ".")
+    )
     return "\n".join(lines)
 
 

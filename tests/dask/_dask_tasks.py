@@ -111,12 +111,15 @@ def incoming_transfers(key: str, dask_worker) -> list:  # noqa: ANN001
 
 def fastpool_pids(name: str, dask_worker) -> dict:  # noqa: ANN001
     """The Dask worker's pid, its fastpool template's and its pool's children."""
-    from fastpool import _template
+    from fastpool._runtime import _template
 
     plugin = dask_worker.plugins.get(name)
     pool = getattr(plugin, "pool", None)
-    return {"worker": os.getpid(), "template": _template.template().pid,
-            "children": list(pool.pids()) if pool is not None else []}
+    return {
+        "worker": os.getpid(),
+        "template": _template.template().pid,
+        "children": list(pool.pids()) if pool is not None else [],
+    }
 
 
 def is_daemon() -> bool:

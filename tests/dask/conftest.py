@@ -45,8 +45,13 @@ class ClusterHolder:
     def start(self) -> None:
         from distributed import Client, LocalCluster
 
-        self.cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                    dashboard_address=":0", env={TAG_VAR: self.tag})
+        self.cluster = LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            env={TAG_VAR: self.tag},
+        )
         self.client = Client(self.cluster)
 
     def close(self) -> None:
@@ -58,8 +63,10 @@ class ClusterHolder:
         cluster.close()
         _gone, alive = psutil.wait_procs(tagged_processes(self.tag), timeout=LEAK_GRACE_S)
         if alive:
-            pytest.fail(f"{len(alive)} process(es) of the Dask cluster outlived it by "
-                        f"{LEAK_GRACE_S:g} s: {describe(alive)}")
+            pytest.fail(
+                f"{len(alive)} process(es) of the Dask cluster outlived it by "
+                f"{LEAK_GRACE_S:g} s: {describe(alive)}"
+            )
 
 
 _HOLDER = ClusterHolder()
@@ -68,8 +75,9 @@ _HOLDER = ClusterHolder()
 @pytest.fixture(scope="session")
 def dask_client() -> Iterator[Any]:
     """A distributed.Client on the shared LocalCluster(n_workers=2, threads_per_worker=1)."""
-    pytest.importorskip("distributed", reason="the Dask tests need the dask extra: "
-                        "pip install -e '.[dask]'")
+    pytest.importorskip(
+        "distributed", reason="the Dask tests need the dask extra: pip install -e '.[dask]'"
+    )
     if _HOLDER.cluster is None:
         _HOLDER.start()
     yield _HOLDER.client
@@ -98,8 +106,9 @@ def clean_cluster(dask_client: Any) -> Any:
     return dask_client
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
-                                  items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
     # The Dask tests run last.  Dask leaves a thread in this process (its offload
     # pool) after the cluster closes, and fastpool forks its worker template only from
     # a process that runs no other thread, otherwise it spawns one: run first, these

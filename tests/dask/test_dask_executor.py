@@ -9,8 +9,9 @@ import itertools
 
 import pytest
 
-distributed = pytest.importorskip("distributed", reason="the Dask tests need the dask extra: "
-                                  "pip install -e '.[dask]'")
+distributed = pytest.importorskip(
+    "distributed", reason="the Dask tests need the dask extra: pip install -e '.[dask]'"
+)
 
 import _dask_tasks as tasks  # noqa: E402 - needs the sys.path entry conftest adds
 import dask  # noqa: E402
@@ -76,7 +77,9 @@ def test_map_is_lazy_and_never_queues_more_than_its_window(dask_client):
 
 
 def test_map_adapts_its_chunks_to_an_input_without_length(executor):
-    assert list(executor.map(tasks.double, (i for i in range(5000)))) == [2 * i for i in range(5000)]
+    assert list(executor.map(tasks.double, (i for i in range(5000)))) == [
+        2 * i for i in range(5000)
+    ]
 
 
 def test_map_yields_results_before_the_failing_item_then_raises(executor):
@@ -102,8 +105,9 @@ def test_a_map_timeout_raises_and_cancels_the_chunk_it_waited_for(executor, fifo
 
 
 def test_imap_unordered_returns_every_result(executor):
-    assert sorted(executor.imap_unordered(tasks.double, range(1000), chunksize=50)) == \
-        [2 * i for i in range(1000)]
+    assert sorted(executor.imap_unordered(tasks.double, range(1000), chunksize=50)) == [
+        2 * i for i in range(1000)
+    ]
 
 
 def test_work_reaches_both_dask_workers(dask_client):
@@ -118,7 +122,9 @@ def test_work_reaches_both_dask_workers(dask_client):
 
 def test_futures_work_with_as_completed_wait_and_asyncio(executor):
     futs = [executor.submit(tasks.double, i) for i in range(10)]
-    assert sorted(f.result() for f in cf.as_completed(futs, timeout=30)) == [2 * i for i in range(10)]
+    assert sorted(f.result() for f in cf.as_completed(futs, timeout=30)) == [
+        2 * i for i in range(10)
+    ]
     done, not_done = cf.wait([executor.submit(tasks.double, 1)], timeout=30)
     assert len(done) == 1 and not not_done
 
@@ -199,7 +205,9 @@ def test_bad_input_gets_clear_errors(executor, dask_client):
         executor.map(tasks.double, range(3), chunksize=0)
 
 
-def test_a_plugin_with_other_settings_or_none_at_all_is_an_error_not_a_surprise(executor, dask_client):
+def test_a_plugin_with_other_settings_or_none_at_all_is_an_error_not_a_surprise(
+    executor, dask_client
+):
     # Dask silently keeps the first plugin of a name (it is idempotent): say so instead
     with pytest.raises(ValueError, match="other settings"):
         fpd.Executor(dask_client, task_timeout=3)

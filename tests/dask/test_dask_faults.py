@@ -11,8 +11,9 @@ import signal
 import psutil
 import pytest
 
-distributed = pytest.importorskip("distributed", reason="the Dask tests need the dask extra: "
-                                  "pip install -e '.[dask]'")
+distributed = pytest.importorskip(
+    "distributed", reason="the Dask tests need the dask extra: pip install -e '.[dask]'"
+)
 
 import _dask_tasks as tasks  # noqa: E402
 import dask  # noqa: E402
@@ -45,7 +46,9 @@ def test_a_sigkilled_child_fails_one_task_and_the_dask_worker_lives_on(executor,
     assert after_task["dask_worker"] == before
 
 
-def test_a_spinning_task_times_out_and_the_other_workers_tasks_are_untouched(executor, dask_client, fifo):
+def test_a_spinning_task_times_out_and_the_other_workers_tasks_are_untouched(
+    executor, dask_client, fifo
+):
     spin_addr, other_addr = worker_addresses(dask_client)
     with dask.annotate(workers=[other_addr]):
         other_child = executor.submit(tasks.where).result(timeout=60)["pid"]
@@ -63,8 +66,9 @@ def test_a_spinning_task_times_out_and_the_other_workers_tasks_are_untouched(exe
 
 
 def test_a_task_over_memory_limit_fails_with_worker_memory_error(dask_client):
-    ex = fpd.Executor(dask_client, name="fastpool-mem", memory_limit="256MiB",
-                      memory_interval_s=0.05)
+    ex = fpd.Executor(
+        dask_client, name="fastpool-mem", memory_limit="256MiB", memory_interval_s=0.05
+    )
     try:
         exc = ex.submit(tasks.hog_memory, 2 << 30).exception(timeout=60)
         assert isinstance(exc, WorkerMemoryError) and exc.reason == "memory-limit"
@@ -77,7 +81,11 @@ def test_a_task_over_memory_limit_fails_with_worker_memory_error(dask_client):
 
 def test_a_pure_task_is_retried_once_after_a_crash_then_poison(executor, tmp_path):
     log = tmp_path / "attempts"
-    exc = executor.options(pure=True).submit(tasks.note_pid_then_sigkill, str(log)).exception(timeout=60)
+    exc = (
+        executor.options(pure=True)
+        .submit(tasks.note_pid_then_sigkill, str(log))
+        .exception(timeout=60)
+    )
     assert type(exc) is PoisonTask
     attempts = log.read_text().split()
     assert len(attempts) == 2 and attempts[0] != attempts[1]  # two children, one retry
@@ -91,7 +99,8 @@ def test_a_task_that_is_not_pure_is_not_retried(executor, tmp_path):
 
 
 def test_a_sigkilled_dask_worker_leaves_no_fastpool_process_and_its_replacement_gets_a_pool(
-        executor, dask_client, cluster_tag):
+    executor, dask_client, cluster_tag
+):
     # Both pools serve one task first, so their children exist before the kill.
     for addr in worker_addresses(dask_client):
         with dask.annotate(workers=[addr]):
@@ -106,9 +115,14 @@ def test_a_sigkilled_dask_worker_leaves_no_fastpool_process_and_its_replacement_
     _gone, alive = psutil.wait_procs(doomed, timeout=10)
     assert not alive, f"fastpool processes outlived their Dask worker: {alive}"
 
-    wait_until(lambda: len(worker_addresses(dask_client)) == 2
-               and victim_addr not in worker_addresses(dask_client),
-               60, "the nanny to restart the killed worker")
+    wait_until(
+        lambda: (
+            len(worker_addresses(dask_client)) == 2
+            and victim_addr not in worker_addresses(dask_client)
+        ),
+        60,
+        "the nanny to restart the killed worker",
+    )
     # The plugin ran again on the new worker (a task reaches a worker only after its
     # plugins are set up): tasks there run in a fresh pool under a new template.
     seen = {}
@@ -128,9 +142,17 @@ def test_a_dead_dask_worker_is_reported_as_worker_memory_error_only_after_a_nann
     # scheduler gives up after the first death instead of killing four workers.
     from distributed import Client, LocalCluster
 
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
-            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                         memory_limit="400MiB") as cluster, Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            memory_limit="400MiB",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         ex = fpd.Executor(client)
         # The child is fine; the 600 MiB result lands in the Dask worker, which the
         # nanny restarts at 95% of its budget.

@@ -8,8 +8,9 @@ import functools
 import numpy as np
 import pytest
 
-distributed = pytest.importorskip("distributed", reason="the Dask tests need the dask extra: "
-                                  "pip install -e '.[dask]'")
+distributed = pytest.importorskip(
+    "distributed", reason="the Dask tests need the dask extra: pip install -e '.[dask]'"
+)
 
 import _dask_tasks as tasks  # noqa: E402
 import dask  # noqa: E402
@@ -61,7 +62,10 @@ def test_broadcast_sends_the_array_to_every_worker_up_front(executor, dask_clien
         assert len(dask_client.who_has([handle.future])[handle.key]) == 2
         for addr in worker_addresses(dask_client):
             with dask.annotate(workers=[addr]):
-                assert executor.submit(tasks.describe, handle).result(timeout=60)[:2] == (256.0, False)
+                assert executor.submit(tasks.describe, handle).result(timeout=60)[:2] == (
+                    256.0,
+                    False,
+                )
         assert all(s == [] for s in dask_client.run(tasks.incoming_transfers, handle.key).values())
     finally:
         handle.release()
@@ -71,12 +75,14 @@ def test_a_handle_works_inside_containers_partials_and_map(executor):
     arr = np.full(1 << 16, 2.0)
     handle = executor.scatter(arr)
     try:
+
         def first(xs):
             return tasks.describe(xs[0])[:2]
 
         assert executor.submit(first, [handle]).result(timeout=60) == (32.0, False)
-        assert executor.submit(functools.partial(tasks.describe, handle)).result(timeout=60)[:2] == \
-            (32.0, False)
+        assert executor.submit(functools.partial(tasks.describe, handle)).result(timeout=60)[
+            :2
+        ] == (32.0, False)
         got = list(executor.map(lambda d: tasks.describe(d["a"])[0], [{"a": handle}] * 3))
         assert got == [32.0] * 3
     finally:
@@ -86,6 +92,7 @@ def test_a_handle_works_inside_containers_partials_and_map(executor):
 def test_a_handle_hidden_in_another_object_is_refused(executor):
     handle = executor.scatter(np.ones(4))
     try:
+
         class Box:
             def __init__(self, h):
                 self.h = h

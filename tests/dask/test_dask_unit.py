@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fastpool._dask_child import ChunkFailed, apply_items
+from fastpool._integrations._dask_child import ChunkFailed, apply_items
 from fastpool.errors import RemoteError, WorkerCrashed, WorkerMemoryError
 
 pytestmark = pytest.mark.dask
@@ -25,9 +25,11 @@ def _fastpool_dask():
 
 def test_without_distributed_the_import_names_the_extra():
     # distributed blocked in a fresh interpreter: whatever is installed here
-    code = ("import sys; sys.modules['distributed'] = None\n"
-            "import fastpool\n"
-            "try:\n    import fastpool.dask\nexcept ImportError as e:\n    print(e)\n")
+    code = (
+        "import sys; sys.modules['distributed'] = None\n"
+        "import fastpool\n"
+        "try:\n    import fastpool.dask\nexcept ImportError as e:\n    print(e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pip install 'fastpool[dask]'" in out.stdout
@@ -89,18 +91,24 @@ def test_dask_side_errors_pickle_and_keep_their_facts():
 
 def test_task_failed_carries_the_error_partial_results_and_where():
     _fastpool_dask()
-    from fastpool._dask_worker import TaskFailed
+    from fastpool._integrations._dask_worker import TaskFailed
 
     tf = TaskFailed(ValueError("x"), "tb", "tcp://h:1", 42, True, [1, 2])
     again = pickle.loads(pickle.dumps(tf))
-    assert (type(again.error), again.traceback_text, again.worker, again.pid, again.closing,
-            again.partial) == (ValueError, "tb", "tcp://h:1", 42, True, [1, 2])
+    assert (
+        type(again.error),
+        again.traceback_text,
+        again.worker,
+        again.pid,
+        again.closing,
+        again.partial,
+    ) == (ValueError, "tb", "tcp://h:1", 42, True, [1, 2])
     assert repr(again) == "TaskFailed(ValueError('x'))"  # what Dask logs: short
 
 
 def test_the_walker_finds_handles_in_containers_and_partials_and_leaves_the_rest():
     _fastpool_dask()
-    from fastpool._dask_worker import swap
+    from fastpool._integrations._dask_worker import swap
 
     marker = object()
     repl = lambda x: "R" if x is marker else x  # noqa: E731
@@ -125,7 +133,7 @@ def test_settings_compare_by_name_shape_and_value_not_identity():
     _fastpool_dask()
     import numpy as np
 
-    from fastpool._dask_worker import describe_settings
+    from fastpool._integrations._dask_worker import describe_settings
 
     a = describe_settings({"initializer": _square, "initargs": (np.ones(3), 2), "task_timeout": 5})
     b = describe_settings({"task_timeout": 5, "initargs": (np.zeros(3), 2), "initializer": _square})

@@ -16,12 +16,13 @@ import random
 import subprocess
 import sys
 
+import _tasks
 import numpy as np
 import pytest
-
-import _tasks
 from conftest import make_pool
-from fastpool import _arena, errors
+
+from fastpool import errors
+from fastpool._native import _arena
 
 MIB = 1 << 20
 PAGE = 4096
@@ -32,7 +33,7 @@ RESULT_S = 60
 # Runs in the child: argv = fd, proc, seed, a JSON list of the parent's block offsets.
 SCRIBBLER = r"""
 import ctypes, json, random, sys
-from fastpool import _arena
+from fastpool._native import _arena
 
 fd, proc, seed = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 parent_blocks = json.loads(sys.argv[4])
@@ -72,10 +73,24 @@ for _ in range(rng.randrange(1, 6)):
 """
 
 
-def _scribble(arena: _arena.Arena, proc: int, seed: int, parent_blocks: list[int]) -> list[list[int]]:
+def _scribble(
+    arena: _arena.Arena, proc: int, seed: int, parent_blocks: list[int]
+) -> list[list[int]]:
     child = subprocess.run(
-        [sys.executable, "-c", SCRIBBLER, str(arena.fileno()), str(proc), str(seed), json.dumps(parent_blocks)],
-        pass_fds=(arena.fileno(),), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        [
+            sys.executable,
+            "-c",
+            SCRIBBLER,
+            str(arena.fileno()),
+            str(proc),
+            str(seed),
+            json.dumps(parent_blocks),
+        ],
+        pass_fds=(arena.fileno(),),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+    )
     assert child.returncode == 0, child.stderr
     return json.loads(child.stdout)
 
@@ -91,8 +106,13 @@ def _every_call(arena: _arena.Arena, results: list[list[int]]) -> int:
     """Runs every arena call the parent has; returns how many reported SegmentCorrupt.
     Anything else raised (or a crash, or a hang) fails the test."""
     corrupt = 0
-    calls = [arena.usage, lambda: arena.reclaim(0), lambda: arena.reclaim(1), lambda: arena.alloc(50_000),
-             lambda: arena.alloc(10)]
+    calls = [
+        arena.usage,
+        lambda: arena.reclaim(0),
+        lambda: arena.reclaim(1),
+        lambda: arena.alloc(50_000),
+        lambda: arena.alloc(10),
+    ]
     calls += [lambda r=r: arena.check_region(r) for r in range(arena.nprocs)]
     calls += [lambda off=off, gen=gen: arena.ref(off, gen, False) for off, gen in results]
     for call in calls:
@@ -122,7 +142,9 @@ def test_a_process_scribbling_arena_headers_never_hangs_or_crashes_the_parent():
         for region, exc in damaged.items():
             assert exc.region == region and str(exc).startswith(f"shared arena region {region} ")
             arena.reset_region(region)
-        assert arena.corrupt_regions() == {}, f"seed {seed + round_}: a reset region still walks broken"
+        assert arena.corrupt_regions() == {}, (
+            f"seed {seed + round_}: a reset region still walks broken"
+        )
         for i, arr in enumerate(held):
             assert (arr == i + 0.5).all(), f"seed {seed + round_}: the parent's array {i} changed"
         arena.close()  # never raises for damage
@@ -135,14 +157,26 @@ def test_a_process_scribbling_arena_headers_never_hangs_or_crashes_the_parent():
 def test_the_size_that_looped_reclaim_for_ever_is_reported_at_once():
     arena = _arena.Arena.create(2, 8 * MIB)
     child = subprocess.run(
-        [sys.executable, "-c", "import ctypes, sys\nfrom fastpool import _arena\n"
-         "a = _arena.Arena.attach(int(sys.argv[1]), 1)\nb = a.alloc(100)\n"
-         "ctypes.c_uint64.from_address(a.base_address + b.off + 8).value = 2**64 - 4096\n"
-         "print(b.off)", str(arena.fileno())],
-        pass_fds=(arena.fileno(),), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        [
+            sys.executable,
+            "-c",
+            "import ctypes, sys\nfrom fastpool._native import _arena\n"
+            "a = _arena.Arena.attach(int(sys.argv[1]), 1)\nb = a.alloc(100)\n"
+            "ctypes.c_uint64.from_address(a.base_address + b.off + 8).value = 2**64 - 4096\n"
+            "print(b.off)",
+            str(arena.fileno()),
+        ],
+        pass_fds=(arena.fileno(),),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+    )
     assert child.returncode == 0, child.stderr
-    with pytest.raises(errors.RegionCorrupt, match="region 1 .worker slot 0. is corrupt at \\+0: a block that "
-                       "runs past the region's top .read 18446744073709547520.") as info:
+    with pytest.raises(
+        errors.RegionCorrupt,
+        match="region 1 .worker slot 0. is corrupt at \\+0: a block that "
+        "runs past the region's top .read 18446744073709547520.",
+    ) as info:
         arena.reclaim(0)
     assert info.value.slot == 0
     assert arena.reset_region(1) > 0 and arena.corrupt_regions() == {}
@@ -153,7 +187,7 @@ def test_the_size_that_looped_reclaim_for_ever_is_reported_at_once():
 # through a raw pointer, as a C extension that ignores NumPy's flag would.
 WRITER = r"""
 import ctypes, sys
-from fastpool import _arena
+from fastpool._native import _arena
 a = _arena.Arena.attach(int(sys.argv[1]), 1)
 arr = _arena.rebuild(a.token, int(sys.argv[2]), int(sys.argv[3]), 0, "f8", (1000,), (8,), sys.argv[4] == "ro", -1)
 print("mapped", flush=True)
@@ -168,8 +202,13 @@ def test_a_readonly_array_is_mapped_read_only_in_the_process_that_receives_it(mo
     arena = _arena.Arena.create(2, 8 * MIB)
     arr = _arena.share(arena, np.full(1000, 3.0), readonly=mode == "ro")
     blk = _block(arr)
-    child = subprocess.run([sys.executable, "-c", WRITER, str(arena.fileno()), str(blk.off), str(blk.gen), mode],
-                           pass_fds=(arena.fileno(),), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    child = subprocess.run(
+        [sys.executable, "-c", WRITER, str(arena.fileno()), str(blk.off), str(blk.gen), mode],
+        pass_fds=(arena.fileno(),),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+    )
     assert child.stdout.startswith("mapped"), child.stderr
     if mode == "ro":
         assert child.returncode == -11, (child.returncode, child.stderr)  # SIGSEGV in the writer
@@ -187,7 +226,9 @@ def test_a_task_that_scribbles_the_arena_costs_its_worker_and_the_pool_goes_on()
         held = p.share(np.arange(1000.0))
         with pytest.raises(errors.SegmentCorrupt, match="region 1"):
             p.submit(_tasks.scribble_arena_top).result(timeout=RESULT_S)
-        out = p.submit(_tasks.double, np.ones(1 << 18)).result(timeout=RESULT_S)  # a result in the arena
+        out = p.submit(_tasks.double, np.ones(1 << 18)).result(
+            timeout=RESULT_S
+        )  # a result in the arena
         assert (out == 2.0).all()
         assert (held == np.arange(1000.0)).all()
         assert p._arena.corrupt_regions() == {}

@@ -6,13 +6,13 @@ import subprocess
 import sys
 import textwrap
 
+import _faulty
 import psutil
 import pytest
-
-import _faulty
-import fastpool
 from _waiting import wait_for, wait_gone
-from fastpool import _template
+
+import fastpool
+from fastpool._runtime import _template
 
 pytestmark = pytest.mark.faults
 
@@ -24,7 +24,9 @@ def _fds() -> int:
 
 
 def _fastpool_shm() -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if "fastpool" in n or n.startswith(("fp_", "fp-", "psm_"))]
+    return [
+        n for n in os.listdir("/dev/shm") if "fastpool" in n or n.startswith(("fp_", "fp-", "psm_"))
+    ]
 
 
 def _template_children() -> set[int]:
@@ -32,8 +34,11 @@ def _template_children() -> set[int]:
     if pid is None:
         return set()
     try:
-        return {c.pid for c in psutil.Process(pid).children(recursive=True)
-                if c.status() != psutil.STATUS_ZOMBIE}
+        return {
+            c.pid
+            for c in psutil.Process(pid).children(recursive=True)
+            if c.status() != psutil.STATUS_ZOMBIE
+        }
     except psutil.NoSuchProcess:
         return set()
 
@@ -68,7 +73,7 @@ _PARENT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     import fastpool, _faulty
-    from fastpool import _template
+    from fastpool._runtime import _template
     if __name__ == "__main__":
         p = fastpool.Pool(2)
         keep = p.zeros(10**6)

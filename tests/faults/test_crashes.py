@@ -6,14 +6,15 @@ import threading
 import time
 from concurrent.futures import CancelledError, wait
 
-import psutil
-import pytest
-
 import _faulty
 import _tasks
-import fastpool
+import psutil
+import pytest
 from _waiting import wait_for, wait_workers_ready
-from fastpool import CircuitOpen, PoisonTask, TaskTimeout, WorkerCrashed, WorkerHung, _policy
+
+import fastpool
+from fastpool import CircuitOpen, PoisonTask, TaskTimeout, WorkerCrashed, WorkerHung
+from fastpool._supervision import _policy
 
 pytestmark = pytest.mark.faults
 
@@ -34,7 +35,11 @@ def _busy_pid(pool, task_future, timeout=10):
 
 @pytest.mark.parametrize(
     "die, exitcode",
-    [(_faulty.segfault, -signal.SIGSEGV), (_faulty.sigkill_self, -signal.SIGKILL), (_faulty.hard_exit, 7)],
+    [
+        (_faulty.segfault, -signal.SIGSEGV),
+        (_faulty.sigkill_self, -signal.SIGKILL),
+        (_faulty.hard_exit, 7),
+    ],
 )
 def test_crash_fails_only_its_future(pool, die, exitcode):
     doomed, bystander = pool.submit(die), pool.submit(_faulty.double, 21)
@@ -43,7 +48,9 @@ def test_crash_fails_only_its_future(pool, die, exitcode):
     assert info.value.exitcode == exitcode
     assert info.value.task_id is not None and info.value.pid is not None
     assert bystander.result(timeout=30) == 42  # the pool heals; nothing else is lost
-    assert [pool.submit(_faulty.double, i).result(timeout=30) for i in range(10)] == [2 * i for i in range(10)]
+    assert [pool.submit(_faulty.double, i).result(timeout=30) for i in range(10)] == [
+        2 * i for i in range(10)
+    ]
 
 
 def test_sigkill_from_outside_names_the_signal(pool):
@@ -114,7 +121,10 @@ def test_broken_initializer_opens_the_breaker(init):
     cpu0 = sum(proc.cpu_times()[:2])
     p = fastpool.Pool(1, initializer=init, backoff_base_s=0.01, backoff_cap_s=0.05, max_failures=4)
     try:
-        wait_for(lambda: p.stats()["workers"][0]["state"] == "open", what=lambda: f"the breaker: {p.stats()}")
+        wait_for(
+            lambda: p.stats()["workers"][0]["state"] == "open",
+            what=lambda: f"the breaker: {p.stats()}",
+        )
         with pytest.raises(CircuitOpen) as info:
             p.submit(_faulty.double, 1)
         assert info.value.retry_after_s > 0
@@ -132,10 +142,18 @@ def test_a_crash_looping_initializer_is_started_max_failures_times_then_not_for_
     # however fast the backoff (full jitter may draw ~0 s; shrunk here to keep the
     # test short, which only makes a crash loop easier to see).
     log = tmp_path / "starts"
-    p = fastpool.Pool(1, initializer=_faulty.counting_initializer, initargs=(str(log),),
-                      backoff_base_s=0.005, backoff_cap_s=0.01)
+    p = fastpool.Pool(
+        1,
+        initializer=_faulty.counting_initializer,
+        initargs=(str(log),),
+        backoff_base_s=0.005,
+        backoff_cap_s=0.01,
+    )
     try:
-        wait_for(lambda: p.stats()["workers"][0]["state"] == "open", what=lambda: f"the breaker: {p.stats()}")
+        wait_for(
+            lambda: p.stats()["workers"][0]["state"] == "open",
+            what=lambda: f"the breaker: {p.stats()}",
+        )
         with pytest.raises(CircuitOpen) as info:
             p.submit(_faulty.double, 1)
         assert len(log.read_text().split()) == _policy.DEFAULT_MAX_FAILURES
@@ -148,8 +166,13 @@ def test_a_crash_looping_initializer_is_started_max_failures_times_then_not_for_
 
 
 def test_queued_tasks_fail_with_circuit_open_and_inline_fallback_runs_them():
-    p = fastpool.Pool(1, initializer=_faulty.bad_initializer, backoff_base_s=0.01, backoff_cap_s=0.02,
-                      max_failures=2)
+    p = fastpool.Pool(
+        1,
+        initializer=_faulty.bad_initializer,
+        backoff_base_s=0.01,
+        backoff_cap_s=0.02,
+        max_failures=2,
+    )
     try:
         queued = p.submit(_faulty.double, 1)
         inline = p.options(fallback="inline").submit(_faulty.double, 2)
@@ -261,7 +284,9 @@ def test_threads_submitting_while_workers_die():
         results: dict[int, object] = {}
 
         def client(k):
-            futs = [(k * 1000 + i, p.submit(_faulty.maybe_die, k * 1000 + i, 13)) for i in range(1, 60)]
+            futs = [
+                (k * 1000 + i, p.submit(_faulty.maybe_die, k * 1000 + i, 13)) for i in range(1, 60)
+            ]
             for key, f in futs:
                 try:
                     results[key] = f.result(timeout=120)

@@ -19,7 +19,14 @@ import threading
 from collections import Counter
 
 import pytest
-from _faulty import announce_then_gate, append_id, append_id_padded, append_id_then_die, appended_ids, double
+from _faulty import (
+    announce_then_gate,
+    append_id,
+    append_id_padded,
+    append_id_then_die,
+    appended_ids,
+    double,
+)
 from _waiting import running, wait_for, wait_workers_ready
 
 import fastpool
@@ -45,6 +52,7 @@ def _count_settles(futs: list) -> Counter:
         def cb(_f) -> None:
             with lock:
                 calls[i] += 1
+
         return cb
 
     for i, f in enumerate(futs):
@@ -91,8 +99,12 @@ def test_death_with_unread_results_and_prefetched_tasks_runs_each_task_once(tmp_
             # Running, so its record has left the task ring: the ring is empty, at
             # a small offset, and the padded records append behind it.
             wait_for(started.exists, what="the gate task to start")
-            futs += [pool.submit(append_id_then_die, log, i, PAD) if i == killer_at
-                     else pool.submit(append_id_padded, log, i, PAD) for i in range(1, n)]
+            futs += [
+                pool.submit(append_id_then_die, log, i, PAD)
+                if i == killer_at
+                else pool.submit(append_id_padded, log, i, PAD)
+                for i in range(1, n)
+            ]
             calls = _count_settles(futs)
             assert pool.stats()["workers"][0]["assigned"] == MAX_PREFETCH
             completed = pool.stats()["completed"]
@@ -126,8 +138,10 @@ def test_many_deaths_among_many_tasks_run_each_task_once(tmp_path):
     log = str(tmp_path / "ran.log")
     n, every = 240, 60
     with fastpool.Pool(2, backoff_base_s=0.01, max_queue=1024) as pool:
-        futs = [pool.submit(append_id_then_die if i % every == every - 1 else append_id, log, i)
-                for i in range(n)]
+        futs = [
+            pool.submit(append_id_then_die if i % every == every - 1 else append_id, log, i)
+            for i in range(n)
+        ]
         calls = _count_settles(futs)
         for i, f in enumerate(futs):
             if i % every == every - 1:

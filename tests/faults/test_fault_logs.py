@@ -29,7 +29,9 @@ def _fastpool_records(caplog) -> list[logging.LogRecord]:
 def _one_sentence(caplog, level: int, *words: str) -> str:
     """The one fastpool record of the test: at level, one line, no dict, naming words."""
     recs = _fastpool_records(caplog)
-    assert len(recs) == 1 and recs[0].levelno == level, [(r.levelname, r.getMessage()) for r in recs]
+    assert len(recs) == 1 and recs[0].levelno == level, [
+        (r.levelname, r.getMessage()) for r in recs
+    ]
     text = recs[0].getMessage()
     assert "\n" not in text and "{" not in text and "'time'" not in text, text
     assert text.startswith("fastpool: worker ") and text.endswith("."), text
@@ -46,8 +48,15 @@ def test_a_crash_is_one_sentence_at_error(caplog):
             with pytest.raises(fastpool.WorkerCrashed):
                 fut.result(timeout=30)
         task_id = pool.stats()["crashes"][-1]["task_id"]
-        text = _one_sentence(caplog, logging.ERROR, "SIGKILL", f"task {task_id}", "sigkill_self",
-                             "its future fails", "replacement")
+        text = _one_sentence(
+            caplog,
+            logging.ERROR,
+            "SIGKILL",
+            f"task {task_id}",
+            "sigkill_self",
+            "its future fails",
+            "replacement",
+        )
         assert re.search(r"\(pid \d+\)", text)
         stats = pool.stats()
         assert (stats["crashed"], stats["killed"]) == (1, 0)
@@ -64,7 +73,12 @@ def test_a_kill_fastpool_made_is_one_sentence_at_warning_and_counted_as_killed(c
     task, args, exc, words = {
         "timeout": (spin_forever, (), fastpool.TaskTimeout, ("past its timeout of 0.3 s",)),
         "hung": (sigstop_self, (), fastpool.WorkerHung, ("stopped beating",)),
-        "memory": (allocate_mib, (600,), fastpool.WorkerMemoryError, ("over memory_limit", "200.0 MiB")),
+        "memory": (
+            allocate_mib,
+            (600,),
+            fastpool.WorkerMemoryError,
+            ("over memory_limit", "200.0 MiB"),
+        ),
     }[case]
     with fastpool.Pool(1, backoff_base_s=0.01, **options) as pool:
         wait_workers_ready(pool)
@@ -99,4 +113,7 @@ def test_stats_count_a_chunk_whose_function_raised_as_failed():
             list(pool.map(double_non_negative, [1, 2, -1, 3], chunksize=2))
         stats = pool.stats()
         assert (stats["submitted"], stats["failed"], stats["chunks"]) == (0, 0, 2)
-        assert (stats["chunks_completed"], stats["chunks_failed"]) == (1, 1)  # today: (2, 0), items 4
+        assert (stats["chunks_completed"], stats["chunks_failed"]) == (
+            1,
+            1,
+        )  # today: (2, 0), items 4

@@ -32,7 +32,7 @@ _SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     import fastpool, _faulty
-    from fastpool import _template
+    from fastpool._runtime import _template
 
     def wait_busy(pool):
         deadline = time.monotonic() + 60
@@ -66,9 +66,13 @@ def _interrupt_once(tmp_path, body: str, to_group: bool) -> None:
     ended with KeyboardInterrupt, before any task ran to its end, leaving nothing."""
     script, expired = tmp_path / "ctrl_c.py", tmp_path / "a-task-ran-to-its-end"
     script.write_text(_SCRIPT.format(tests=TESTS_DIR, body=body.format(limit=GATE_LIMIT_S)))
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "never-opened"), str(expired)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group, as a terminal job
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "never-opened"), str(expired)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its own process group, as a terminal job
     pids: list[int] = []
     try:
         line = proc.stdout.readline().split()

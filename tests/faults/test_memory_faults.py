@@ -13,14 +13,15 @@ import signal
 import threading
 from pathlib import Path
 
-import pytest
-
 import _arrays
 import _faulty
 import _tasks
-import fastpool
+import pytest
 from _waiting import wait_for
-from fastpool import WorkerCrashed, WorkerMemoryError, _memory
+
+import fastpool
+from fastpool import WorkerCrashed, WorkerMemoryError
+from fastpool._supervision import _memory
 
 pytestmark = pytest.mark.faults
 
@@ -137,7 +138,9 @@ EVENTS = "low 0\nhigh 0\nmax 0\noom 0\noom_kill {}\noom_group_kill 0\n"
 
 
 @pytest.mark.parametrize("kills_after, cause", [(1, "oom-killer"), (0, "died")])
-def test_the_oom_verdict_follows_the_cgroup_counter(monitor, monkeypatch, tmp_path, kills_after, cause):
+def test_the_oom_verdict_follows_the_cgroup_counter(
+    monitor, monkeypatch, tmp_path, kills_after, cause
+):
     # Runs everywhere, root or not: the worker's cgroup is a directory holding the
     # two files the kernel would, and the test plays the kernel: it raises
     # memory.events' oom_kill (or not) and sends the SIGKILL.
@@ -145,7 +148,9 @@ def test_the_oom_verdict_follows_the_cgroup_counter(monitor, monkeypatch, tmp_pa
     cg.mkdir()
     (cg / "memory.events").write_text(EVENTS.format(0))
     (cg / "memory.max").write_text(f"{300 * MiB}\n")
-    monkeypatch.setattr(_memory, "cgroup_of", lambda pid="self", root="/": {"v2": cg, "v1_memory": None})
+    monkeypatch.setattr(
+        _memory, "cgroup_of", lambda pid="self", root="/": {"v2": cg, "v1_memory": None}
+    )
     with fastpool.Pool(1, backoff_base_s=0.01, memory_interval_s=0.02) as p:
         fut = _busy(p, tmp_path)
         monitor.wait_ticks()  # "before" = 0, read while the worker lived
@@ -205,8 +210,10 @@ def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor):
             (child / "cgroup.procs").write_text(str(pid))
             # the monitor follows the worker into its new cgroup and reads its counter
             reads = len(monitor.counter_reads)
-            wait_for(lambda: sum(child in c.values() for c in monitor.counter_reads[reads:]) >= 3,
-                     what=f"the monitor to read the counter of {child}")
+            wait_for(
+                lambda: sum(child in c.values() for c in monitor.counter_reads[reads:]) >= 3,
+                what=f"the monitor to read the counter of {child}",
+            )
             fut = p.submit(_faulty.allocate_mib, 600)  # 3x the cgroup's limit
             with pytest.raises(WorkerMemoryError) as info:
                 fut.result(timeout=60)
@@ -217,6 +224,7 @@ def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor):
             assert rec["cause"] == "oom-killer" and "counter rose" in rec["evidence"]
             assert p.submit(_faulty.double, 2).result(timeout=30) == 4
     finally:
+
         def removed() -> bool:
             try:
                 child.rmdir()  # EBUSY until the killed worker has left the cgroup
@@ -267,7 +275,7 @@ def test_dispatch_pauses_under_memory_pressure_and_resumes(monitor):
 
 
 def test_workers_auto_respects_the_memory_budget():
-    from fastpool import _sizing
+    from fastpool._supervision import _sizing
 
     budget = _sizing.total_memory_bytes() // 2 + 1  # room for one worker only
     with fastpool.Pool("auto", memory_limit=budget) as p:
@@ -277,5 +285,7 @@ def test_workers_auto_respects_the_memory_budget():
 def test_stats_report_current_and_peak_memory():
     with fastpool.Pool(1, memory_interval_s=0.02) as p:
         p.submit(_faulty.double, 1).result(timeout=30)
-        w = wait_for(lambda: (w := p.stats()["workers"][0])["rss_bytes"] and w, what="a memory sample")
+        w = wait_for(
+            lambda: (w := p.stats()["workers"][0])["rss_bytes"] and w, what="a memory sample"
+        )
         assert w["rss_bytes"] > 10 * 2**20 and w["peak_rss_bytes"] >= w["rss_bytes"]

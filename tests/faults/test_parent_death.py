@@ -29,7 +29,7 @@ _PARENT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import numpy
     import fastpool, _faulty
-    from fastpool import _template
+    from fastpool._runtime import _template
     if __name__ == "__main__":
         p = fastpool.Pool(2)
         assert sorted(p.map(_faulty.double, range(4))) == [0, 2, 4, 6]
@@ -49,12 +49,17 @@ _PARENT = textwrap.dedent("""
 
 @pytest.mark.parametrize("method, kind", [("", "_ForkedProcess"), ("spawn", "Popen")])
 def test_template_and_workers_die_with_the_parent_while_its_fork_child_holds_their_sockets(
-        tmp_path, method, kind):
+    tmp_path, method, kind
+):
     script = tmp_path / "parent.py"
     script.write_text(_PARENT.format(tests=TESTS_DIR))
     env = dict(os.environ, FASTPOOL_TEMPLATE_START=method)
-    parent = subprocess.Popen([sys.executable, "-W", "ignore::DeprecationWarning", str(script)],
-                              stdout=subprocess.PIPE, text=True, env=env)
+    parent = subprocess.Popen(
+        [sys.executable, "-W", "ignore::DeprecationWarning", str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     child = None
     try:
         fields = parent.stdout.readline().split()

@@ -5,14 +5,14 @@ import signal
 import threading
 import time
 
-import numpy as np
-import pytest
-
 import _faulty
 import _tasks
-import fastpool
+import numpy as np
+import pytest
 from _waiting import wait_for
-from fastpool import _template
+
+import fastpool
+from fastpool._runtime import _template
 
 pytestmark = pytest.mark.faults
 
@@ -24,8 +24,9 @@ def test_shutdown_wait_from_a_done_callback_does_not_deadlock(tmp_path):
     f = p.submit(_tasks.gate, str(gate), 1)  # not done before the callback is added
     done = threading.Event()
     threads: list = []
-    f.add_done_callback(lambda fut: (threads.append(threading.current_thread()), p.shutdown(wait=True),
-                                     done.set()))
+    f.add_done_callback(
+        lambda fut: (threads.append(threading.current_thread()), p.shutdown(wait=True), done.set())
+    )
     gate.touch()
     # Waiting on the event, not in f.result(): a thread inside result() drives the
     # pool itself and would run the callback, and the claim is about the pool's thread.
@@ -33,8 +34,11 @@ def test_shutdown_wait_from_a_done_callback_does_not_deadlock(tmp_path):
     assert threads != [threading.main_thread()]
     assert f.result(timeout=0)[0] == 1
     p.shutdown(wait=True)
-    wait_for(lambda: len(os.listdir("/proc/self/fd")) == fds, 10,
-             "the collector to finish the teardown and close its fds")
+    wait_for(
+        lambda: len(os.listdir("/proc/self/fd")) == fds,
+        10,
+        "the collector to finish the teardown and close its fds",
+    )
 
 
 def test_timeouts_in_a_row_do_not_open_the_breaker():
@@ -50,7 +54,9 @@ def test_oversized_initargs_fail_pool_creation_naming_them_and_leak_nothing():
     fds = len(os.listdir("/proc/self/fd"))
     for _ in range(3):
         with pytest.raises(fastpool.SerializationError, match="initargs"):
-            fastpool.Pool(1, ring_bytes=1 << 16, initializer=_faulty.double, initargs=(list(range(100_000)),))
+            fastpool.Pool(
+                1, ring_bytes=1 << 16, initializer=_faulty.double, initargs=(list(range(100_000)),)
+            )
     assert len(os.listdir("/proc/self/fd")) == fds
 
 

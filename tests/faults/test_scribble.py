@@ -13,19 +13,29 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 import _faulty
 import _tasks
-import fastpool
+import pytest
 from conftest import make_pool
+
+import fastpool
 from fastpool import errors
 
 pytestmark = pytest.mark.faults
 
 SETTLE_S = 30
-TARGETS = ["result_tail", "result_head", "task_head", "task_tail", "result_record", "slot_current",
-           "slot_served", "slot_skips", "board_nslots", "board_capacity"]
+TARGETS = [
+    "result_tail",
+    "result_head",
+    "task_head",
+    "task_tail",
+    "result_record",
+    "slot_current",
+    "slot_served",
+    "slot_skips",
+    "board_nslots",
+    "board_capacity",
+]
 ADVERSARIAL = [0, 1 << 20, 1 << 63, (1 << 64) - 4096]  # zero, huge, sign bit, wraps on the next add
 # What a task on the damaged worker may legitimately get instead of its result.
 DAMAGE = (errors.SegmentCorrupt, errors.WorkerCrashed)

@@ -16,7 +16,8 @@ from _faulty import appended_ids, double, gated_initializer
 from _waiting import running, wait_for, wait_gone, wait_workers_ready
 
 import fastpool
-from fastpool import CircuitOpen, _template
+from fastpool import CircuitOpen
+from fastpool._runtime import _template
 
 pytestmark = [pytest.mark.faults, pytest.mark.linux]
 
@@ -29,8 +30,15 @@ def _causes(pool: fastpool.Pool) -> list[str]:
 
 def test_an_initializer_that_never_returns_opens_the_breaker(tmp_path):
     starts, gate = str(tmp_path / "starts"), str(tmp_path / "never-opened")
-    with fastpool.Pool(1, initializer=gated_initializer, initargs=(starts, gate), start_timeout=START_TIMEOUT_S,
-                       max_failures=1, backoff_base_s=0.01, breaker_open_s=300) as pool:
+    with fastpool.Pool(
+        1,
+        initializer=gated_initializer,
+        initargs=(starts, gate),
+        start_timeout=START_TIMEOUT_S,
+        max_failures=1,
+        backoff_base_s=0.01,
+        breaker_open_s=300,
+    ) as pool:
         queued = pool.submit(double, 1)  # no worker is ready to take it
         with pytest.raises(CircuitOpen) as info:
             queued.result(timeout=30)
@@ -49,10 +57,19 @@ def test_an_initializer_that_never_returns_opens_the_breaker(tmp_path):
 
 def test_each_start_timeout_counts_as_one_failure_with_backoff_between(tmp_path):
     starts, gate = str(tmp_path / "starts"), str(tmp_path / "never-opened")
-    with fastpool.Pool(1, initializer=gated_initializer, initargs=(starts, gate), start_timeout=START_TIMEOUT_S,
-                       max_failures=3, backoff_base_s=0.01, breaker_open_s=300) as pool:
-        wait_for(lambda: pool.stats()["workers"][0]["state"] == "open",
-                 what=lambda: f"the breaker to open: {pool.stats()['workers']}")
+    with fastpool.Pool(
+        1,
+        initializer=gated_initializer,
+        initargs=(starts, gate),
+        start_timeout=START_TIMEOUT_S,
+        max_failures=3,
+        backoff_base_s=0.01,
+        breaker_open_s=300,
+    ) as pool:
+        wait_for(
+            lambda: pool.stats()["workers"][0]["state"] == "open",
+            what=lambda: f"the breaker to open: {pool.stats()['workers']}",
+        )
         assert _causes(pool) == ["start-timeout"] * 3
         stats = pool.stats()
         assert stats["restarts"] == 2 and stats["workers"][0]["failures"] == 3
@@ -72,7 +89,9 @@ def test_each_start_timeout_counts_as_one_failure_with_backoff_between(tmp_path)
 
 def test_a_slow_initializer_within_start_timeout_is_not_killed(tmp_path):
     starts, gate = str(tmp_path / "starts"), tmp_path / "gate"
-    with fastpool.Pool(1, initializer=gated_initializer, initargs=(starts, str(gate)), start_timeout=60) as pool:
+    with fastpool.Pool(
+        1, initializer=gated_initializer, initargs=(starts, str(gate)), start_timeout=60
+    ) as pool:
         fut = pool.submit(double, 21)
         wait_for(lambda: appended_ids(starts), what="the initializer to start")
         gate.touch()
@@ -89,8 +108,10 @@ def _unanswered_spawn(pool: fastpool.Pool) -> int:
     os.kill(template, signal.SIGSTOP)
     try:
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: pool.stats()["workers"][0]["state"] == "starting",
-                 what=lambda: f"the replacement's spawn request: {pool.stats()['workers']}")
+        wait_for(
+            lambda: pool.stats()["workers"][0]["state"] == "starting",
+            what=lambda: f"the replacement's spawn request: {pool.stats()['workers']}",
+        )
     except BaseException:
         os.kill(template, signal.SIGCONT)
         raise
@@ -105,8 +126,10 @@ def test_a_spawn_request_lost_with_its_template_times_out_and_the_pool_serves_on
         template = _unanswered_spawn(pool)
         os.kill(template, signal.SIGKILL)
         wait_gone([template])
-        wait_for(lambda: "start-timeout" in _causes(pool),
-                 what=lambda: f"a start-timeout record: {pool.stats()['crashes']}")
+        wait_for(
+            lambda: "start-timeout" in _causes(pool),
+            what=lambda: f"a start-timeout record: {pool.stats()['crashes']}",
+        )
         assert pool.submit(double, 21).result(timeout=30) == 42
         rec = next(c for c in pool.stats()["crashes"] if c["cause"] == "start-timeout")
         assert rec["task_id"] is None and "start_timeout" in rec["detail"]
@@ -124,15 +147,19 @@ def test_a_worker_forked_for_a_spawn_request_that_timed_out_is_killed(tmp_path):
     exit code 4)."""
     import psutil
 
-    with fastpool.Pool(1, start_timeout=START_TIMEOUT_S, max_tasks_per_worker=1, backoff_base_s=30) as pool:
+    with fastpool.Pool(
+        1, start_timeout=START_TIMEOUT_S, max_tasks_per_worker=1, backoff_base_s=30
+    ) as pool:
         (pid,) = wait_workers_ready(pool)
         template = _template.template().pid
         os.kill(template, signal.SIGSTOP)
         try:
             assert pool.submit(double, 1).result(timeout=30) == 2  # then the worker retires
             wait_gone([pid])
-            wait_for(lambda: "start-timeout" in _causes(pool),
-                     what=lambda: f"a start-timeout record: {pool.stats()['crashes']}")
+            wait_for(
+                lambda: "start-timeout" in _causes(pool),
+                what=lambda: f"a start-timeout record: {pool.stats()['crashes']}",
+            )
             assert pool.stats()["workers"][0]["state"] == "backing_off"
         finally:
             os.kill(template, signal.SIGCONT)
@@ -144,8 +171,11 @@ def test_a_worker_forked_for_a_spawn_request_that_timed_out_is_killed(tmp_path):
         # in the end its only live child is the slot's own worker (adopted through
         # the current request), and the pool serves.
         assert pool.submit(double, 21).result(timeout=60) == 42
-        wait_for(lambda: forked() <= set(pool.pids()), timeout=10,
-                 what=lambda: f"the template's children {forked()} to be the pool's own {pool.pids()}")
+        wait_for(
+            lambda: forked() <= set(pool.pids()),
+            timeout=10,
+            what=lambda: f"the template's children {forked()} to be the pool's own {pool.pids()}",
+        )
         assert len(pool.pids()) == 1
     # The template kills what it forked for a pool whose connection closed, so the
     # suite's leak check inherits nothing either way.

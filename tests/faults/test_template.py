@@ -4,13 +4,14 @@ import os
 import signal
 import threading
 
-import pytest
-
 import _faulty
 import _tasks
-import fastpool
+import pytest
 from _waiting import running, wait_for
-from fastpool import WorkerCrashed, _template
+
+import fastpool
+from fastpool import WorkerCrashed
+from fastpool._runtime import _template
 
 pytestmark = pytest.mark.faults
 
@@ -31,8 +32,10 @@ def test_pool_created_in_a_thread_that_exits_keeps_working():
         # PR_SET_PDEATHSIG fires when the creating *thread* exits, and the kernel sends
         # it before the thread leaves /proc/self/task: once it has left, a template
         # tied to it has been sent its SIGKILL.
-        wait_for(lambda: str(t.native_id) not in os.listdir("/proc/self/task"),
-                 what="the creating thread to exit")
+        wait_for(
+            lambda: str(t.native_id) not in os.listdir("/proc/self/task"),
+            what="the creating thread to exit",
+        )
         assert p.submit(_faulty.double, 5).result(timeout=30) == 10
         assert _template.template().pid == tpid and running(tpid)
         assert p.stats()["crashed"] == 0
@@ -57,7 +60,7 @@ _START = """
 import os, sys
 sys.path.insert(0, {tests!r})
 import fastpool, _faulty
-from fastpool import _template
+from fastpool._runtime import _template
 if __name__ == "__main__":
     import numpy as np
     ballast = np.ones(int(os.environ.get("BALLAST_MIB", "0")) * 2**17)  # a big parent is not forked
@@ -75,22 +78,35 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("method, ballast_mib, native_thread, proc_type", [
-    ("", 0, False, "_ForkedProcess"),
-    ("spawn", 0, False, "Popen"),
-    ("", 400, False, "Popen"),  # a big parent would be pinned by a forked template
-    ("", 0, True, "Popen"),  # forking beside a native thread is unsafe (CPython 3.12+ warns)
-])
+@pytest.mark.parametrize(
+    "method, ballast_mib, native_thread, proc_type",
+    [
+        ("", 0, False, "_ForkedProcess"),
+        ("spawn", 0, False, "Popen"),
+        ("", 400, False, "Popen"),  # a big parent would be pinned by a forked template
+        ("", 0, True, "Popen"),  # forking beside a native thread is unsafe (CPython 3.12+ warns)
+    ],
+)
 def test_template_start_methods(tmp_path, method, ballast_mib, native_thread, proc_type):
     import subprocess
     import sys
 
     script = tmp_path / "start.py"
-    script.write_text(_START.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    script.write_text(
+        _START.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )
     # one BLAS thread: the parent then runs no native thread, and forking it is safe
-    env = dict(os.environ, FASTPOOL_TEMPLATE_START=method, BALLAST_MIB=str(ballast_mib),
-               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               NATIVE_THREAD="1" if native_thread else "0")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    env = dict(
+        os.environ,
+        FASTPOOL_TEMPLATE_START=method,
+        BALLAST_MIB=str(ballast_mib),
+        OPENBLAS_NUM_THREADS="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        NATIVE_THREAD="1" if native_thread else "0",
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [proc_type, "True"]

@@ -26,8 +26,14 @@ def _run(tmp_path, body: str, *flags: str, **env: str) -> subprocess.CompletedPr
     script.write_text(textwrap.dedent(body).replace("TESTS_DIR", repr(TESTS_DIR)))
     full_env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
     full_env.update(env)
-    out = subprocess.run([sys.executable, *flags, str(script)], capture_output=True, text=True,
-                         timeout=RUN_TIMEOUT_S, env=full_env, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, *flags, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=full_env,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     return out
 
@@ -37,7 +43,7 @@ _BLAS_THREADS = """
     sys.path.insert(0, TESTS_DIR)
     import numpy as np
     import fastpool, _tasks, _template_tasks
-    from fastpool import _forksafe, _template
+    from fastpool._runtime import _forksafe, _template
 
     def thread_names():
         names = []
@@ -67,7 +73,9 @@ _BLAS_THREADS = """
 """
 
 
-def test_a_parent_whose_only_other_threads_are_openblass_forks_its_template_without_a_warning(tmp_path):
+def test_a_parent_whose_only_other_threads_are_openblass_forks_its_template_without_a_warning(
+    tmp_path,
+):
     # -W error: on 3.12+ a fork beside a running thread raises DeprecationWarning here, in
     # the parent's Pool() or in the template's fork of a worker (that would kill the
     # template and show as a restart).  On 3.11 the warning does not exist, and the
@@ -85,8 +93,10 @@ def test_a_parent_running_another_native_thread_beside_openblas_still_spawns(tmp
     # faulthandler's watchdog is a C thread that threading does not list: the checked
     # fork sees it (the kernel's count, CPython's warning recorded, not raised), kills
     # that child and spawns the template instead.
-    body = _BLAS_THREADS.replace("a @ a  # OpenBLAS's pool has run a job",
-                                 "a @ a\n        import faulthandler; faulthandler.dump_traceback_later(600)")
+    body = _BLAS_THREADS.replace(
+        "a @ a  # OpenBLAS's pool has run a job",
+        "a @ a\n        import faulthandler; faulthandler.dump_traceback_later(600)",
+    )
     out = _run(tmp_path, body, "-W", "error::DeprecationWarning", OPENBLAS_NUM_THREADS="2")
     before, kind, restarts, crashed, _after = out.stdout.split()
     assert int(before) >= 2
@@ -99,7 +109,7 @@ _MAIN_ONCE = """
     sys.path.insert(0, TESTS_DIR)
     import numpy as np
     import fastpool
-    from fastpool import _template
+    from fastpool._runtime import _template
 
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs.txt"), "a") as f:
         f.write(f"{os.getpid()}\\n")  # top-level code: runs once per import of this script
@@ -118,10 +128,17 @@ _MAIN_ONCE = """
 """
 
 
-@pytest.mark.parametrize("method, kind, runs", [
-    ("", "_ForkedProcess", 1),  # the fork already holds __main__: it is not run again
-    ("spawn", "Popen", 2),  # a new interpreter imports it as __mp_main__ (multiprocessing's rule)
-])
+@pytest.mark.parametrize(
+    "method, kind, runs",
+    [
+        ("", "_ForkedProcess", 1),  # the fork already holds __main__: it is not run again
+        (
+            "spawn",
+            "Popen",
+            2,
+        ),  # a new interpreter imports it as __mp_main__ (multiprocessing's rule)
+    ],
+)
 def test_the_main_script_runs_again_only_in_a_spawned_template(tmp_path, method, kind, runs):
     out = _run(tmp_path, _MAIN_ONCE, FASTPOOL_TEMPLATE_START=method)
     assert out.stdout.split() == [kind]
@@ -135,7 +152,7 @@ _INHERITED_LOG = """
     sys.path.insert(0, TESTS_DIR)
     import numpy as np
     import fastpool, _tasks, _template_tasks
-    from fastpool import _template
+    from fastpool._runtime import _template
 
     if __name__ == "__main__":
         here = os.path.dirname(os.path.abspath(__file__))
@@ -161,9 +178,14 @@ _INHERITED_LOG = """
 """
 
 
-def test_a_task_logging_through_a_handler_inherited_by_a_forked_template_leaves_the_pool_healthy(tmp_path):
+def test_a_task_logging_through_a_handler_inherited_by_a_forked_template_leaves_the_pool_healthy(
+    tmp_path,
+):
     out = _run(tmp_path, _INHERITED_LOG.replace("LOG_FILES", str(LOG_FILES)))
     assert out.stdout.split() == ["0", "0", "106"], out.stderr
     assert "Logging error" not in out.stderr
     for i in range(LOG_FILES):  # nothing a worker wrote reached the parent's files
-        assert (tmp_path / f"parent{i}.log").read_text().splitlines() == ["before the pool", "after the pool"]
+        assert (tmp_path / f"parent{i}.log").read_text().splitlines() == [
+            "before the pool",
+            "after the pool",
+        ]

@@ -16,13 +16,13 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+import _tasks
 import psutil
 import pytest
 
-import _tasks
 import fastpool
-from fastpool import _template
-from fastpool._core import Board
+from fastpool._native._core import Board
+from fastpool._runtime import _template
 
 pytestmark = [pytest.mark.faults, pytest.mark.linux]
 
@@ -56,7 +56,9 @@ def pids_cgroup() -> Iterator[Path]:
     """A new pids cgroup; whatever is still in it afterwards goes back to the root."""
     root = _pids_hierarchy()
     if root is None:
-        pytest.skip("no pids cgroup controller is mounted (cgroup v1 'pids', or v2 with pids enabled)")
+        pytest.skip(
+            "no pids cgroup controller is mounted (cgroup v1 'pids', or v2 with pids enabled)"
+        )
     group = root / f"fastpool-test-{os.getpid()}"
     try:
         group.mkdir()
@@ -85,7 +87,9 @@ def _request(conn, req: int, fds: list[int]) -> tuple:
     return msg, got
 
 
-def test_a_template_that_cannot_fork_reports_spawn_failed_and_keeps_serving(pids_cgroup: Path) -> None:
+def test_a_template_that_cannot_fork_reports_spawn_failed_and_keeps_serving(
+    pids_cgroup: Path,
+) -> None:
     with fastpool.Pool(1) as pool:  # a pool on this process's template, its worker up
         assert pool.submit(_tasks.add, 1, 2).result(timeout=REPLY_TIMEOUT_S) == 3
         template = _template.template()
@@ -102,7 +106,9 @@ def test_a_template_that_cannot_fork_reports_spawn_failed_and_keeps_serving(pids
             assert msg[2] == errno.EAGAIN, msg
 
             assert template.pid == tpid and psutil.Process(tpid).status() != psutil.STATUS_ZOMBIE
-            assert pool.submit(_tasks.add, 2, 3).result(timeout=REPLY_TIMEOUT_S) == 5  # others go on
+            assert (
+                pool.submit(_tasks.add, 2, 3).result(timeout=REPLY_TIMEOUT_S) == 5
+            )  # others go on
 
             (pids_cgroup / "pids.max").write_text("max")
             msg, pidfds = _request(conn, 2, [board.fileno()])
@@ -134,7 +140,9 @@ def test_a_template_that_cannot_open_a_pidfd_reaps_that_worker_and_reports_spawn
 
             held = {int(n) for n in os.listdir(f"/proc/{proc.pid}/fd")}
             lowest_free = next(n for n in itertools.count(3) if n not in held)
-            proc.rlimit(psutil.RLIMIT_NOFILE, (lowest_free + 1, limits[1]))  # room for the board fd only
+            proc.rlimit(
+                psutil.RLIMIT_NOFILE, (lowest_free + 1, limits[1])
+            )  # room for the board fd only
             msg, fds = _request(conn, 2, [board.fileno()])
             assert msg[0] == "spawn-failed" and fds == []
             assert msg[2] == errno.EMFILE, msg

@@ -18,14 +18,13 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-import pytest
-
 import _tasks
 import _ux_tasks
-import fastpool
+import pytest
 from _waiting import wait_for, wait_workers_ready
-
 from conftest import make_pool
+
+import fastpool
 
 DEADLINE_S = 30.0
 
@@ -58,6 +57,7 @@ def test_asubmit_returns_the_result_and_raises_the_task_error(pool: fastpool.Poo
             await pool.asubmit(_tasks.raise_value_error, "boom")
         got = await asyncio.gather(*(pool.asubmit(_tasks.double, i) for i in range(500)))
         assert got == [2 * i for i in range(500)]
+
     run(main())
 
 
@@ -70,6 +70,7 @@ def test_awaiting_a_running_task_leaves_the_loop_free(pool: fastpool.Pool, tmp_p
         assert not task.done()
         open(gate, "w").close()  # only a free loop gets here: the task waits for this
         assert await task == "v"
+
     run(main())
 
 
@@ -91,7 +92,10 @@ def test_a_full_queue_parks_admission_without_blocking_the_loop(tmp_path: Path) 
             assert not any(t.done() for t in parked)
             assert pool.stats()["queued"] == 2 and pool.stats()["submitted"] == 1 + len(filler)
             open(gate, "w").close()
-            assert await asyncio.gather(*parked) == [200 + 2 * i for i in range(5)]  # admitted in order
+            assert await asyncio.gather(*parked) == [
+                200 + 2 * i for i in range(5)
+            ]  # admitted in order
+
         run(main())
         assert held.result(timeout=30) == "held"
         assert [f.result(timeout=30) for f in filler] == [2 * i for i in range(len(filler))]
@@ -108,6 +112,7 @@ def test_cancelling_the_awaiting_task_drops_a_queued_pool_task(tmp_path: Path) -
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+
         run(main())
         open(gate, "w").close()
         assert held.result(timeout=30) == "held"
@@ -116,7 +121,9 @@ def test_cancelling_the_awaiting_task_drops_a_queued_pool_task(tmp_path: Path) -
         assert not os.path.exists(trace)  # dropped, never run
 
 
-def test_cancelling_the_awaiting_task_flags_a_running_pool_task(pool: fastpool.Pool, tmp_path: Path) -> None:
+def test_cancelling_the_awaiting_task_flags_a_running_pool_task(
+    pool: fastpool.Pool, tmp_path: Path
+) -> None:
     (started,) = _files(tmp_path, "started")
     pids = sorted(wait_workers_ready(pool))
 
@@ -126,23 +133,31 @@ def test_cancelling_the_awaiting_task_flags_a_running_pool_task(pool: fastpool.P
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
     run(main())
     # the task saw fastpool.cancelled() and returned early: its future settles as cancelled
-    wait_for(lambda: pool.stats()["cancelled"] == 1, what=lambda: f"the cancel to settle: {pool.stats()}")
+    wait_for(
+        lambda: pool.stats()["cancelled"] == 1, what=lambda: f"the cancel to settle: {pool.stats()}"
+    )
     assert sorted(pool.pids()) == pids  # no worker was killed
     assert pool.stats()["killed"] == 0
 
 
-def test_force_cancel_kills_a_running_task_and_the_pool_carries_on(pool: fastpool.Pool, tmp_path: Path) -> None:
+def test_force_cancel_kills_a_running_task_and_the_pool_carries_on(
+    pool: fastpool.Pool, tmp_path: Path
+) -> None:
     started, gate = _files(tmp_path, "started", "gate")
 
     async def main() -> None:
-        task = asyncio.create_task(pool.options(force_cancel=True).asubmit(_ux_tasks.gated, 1, started, gate))
+        task = asyncio.create_task(
+            pool.options(force_cancel=True).asubmit(_ux_tasks.gated, 1, started, gate)
+        )
         await until(lambda: os.path.exists(started), "the task to start")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert await pool.asubmit(_tasks.double, 4) == 8
+
     run(main())
     wait_for(lambda: pool.stats()["crashes"], what="the forced cancel's kill to be recorded")
     assert pool.stats()["crashes"][-1]["cause"] == "cancelled"
@@ -164,6 +179,7 @@ def test_a_pool_side_cancel_is_the_pools_cancelled_error(tmp_path: Path) -> None
             with pytest.raises(cf.CancelledError):
                 await task
             assert not task.cancelled()
+
         run(main())
         open(gate, "w").close()
         assert held.result(timeout=30) == "held"
@@ -176,6 +192,7 @@ def test_asubmit_on_a_closed_pool_raises_pool_closed() -> None:
         async def main() -> None:
             with pytest.raises(fastpool.PoolClosed):
                 await pool.asubmit(_tasks.double, 1)
+
         run(main())
 
 
@@ -185,6 +202,7 @@ def test_two_event_loops_share_one_pool(pool: fastpool.Pool) -> None:
     def loop_thread(k: int) -> None:
         async def main() -> list[int]:
             return list(await asyncio.gather(*(pool.asubmit(_tasks.add, k, i) for i in range(200))))
+
         results[k] = asyncio.run(main())
 
     threads = [threading.Thread(target=loop_thread, args=(k,)) for k in (1000, 2000)]
@@ -196,8 +214,13 @@ def test_two_event_loops_share_one_pool(pool: fastpool.Pool) -> None:
 
 
 def test_inline_fallback_runs_off_the_loop_when_the_circuit_is_open() -> None:
-    with make_pool(1, initializer=_ux_tasks.bad_initializer, backoff_base_s=0.01, backoff_cap_s=0.02,
-                   max_failures=2) as pool:
+    with make_pool(
+        1,
+        initializer=_ux_tasks.bad_initializer,
+        backoff_base_s=0.01,
+        backoff_cap_s=0.02,
+        max_failures=2,
+    ) as pool:
         with pytest.raises(fastpool.CircuitOpen):
             pool.submit(_tasks.double, 1).result(timeout=30)  # every breaker is open now
 
@@ -207,6 +230,7 @@ def test_inline_fallback_runs_off_the_loop_when_the_circuit_is_open() -> None:
             pid, thread = await pool.options(fallback="inline").asubmit(_ux_tasks.where)
             assert pid == os.getpid()  # run by this process ...
             assert thread != threading.get_ident()  # ... but not on the event loop's thread
+
         run(main())
         assert pool.stats()["inline"] == 1
 
@@ -217,6 +241,7 @@ def test_inline_fallback_runs_off_the_loop_when_the_circuit_is_open() -> None:
 def test_run_in_executor_and_wrap_future_keep_working(tmp_path: Path) -> None:
     started, gate = _files(tmp_path, "started", "gate")
     with make_pool(1) as pool:
+
         async def main() -> str:
             loop = asyncio.get_running_loop()
             assert await loop.run_in_executor(pool, _tasks.double, 5) == 10
@@ -234,6 +259,7 @@ def test_run_in_executor_and_wrap_future_keep_working(tmp_path: Path) -> None:
             open(gate, "w").close()
             assert await held == "held"
             return traces[-1]
+
         trace = run(main())
         pool.drain()
         assert not os.path.exists(trace)
@@ -245,11 +271,19 @@ def test_run_in_executor_and_wrap_future_keep_working(tmp_path: Path) -> None:
 def test_amap_yields_in_order_and_unordered_when_asked(pool: fastpool.Pool) -> None:
     async def main() -> None:
         assert [x async for x in pool.amap(_tasks.double, range(300), chunksize=7)] == [
-            2 * i for i in range(300)]
+            2 * i for i in range(300)
+        ]
         got = [x async for x in pool.amap(_tasks.double, (i for i in range(300)), ordered=False)]
         assert sorted(got) == [2 * i for i in range(300)]
-        assert [x async for x in pool.amap(_tasks.add, range(10), range(100, 105))] == [100, 102, 104, 106, 108]
+        assert [x async for x in pool.amap(_tasks.add, range(10), range(100, 105))] == [
+            100,
+            102,
+            104,
+            106,
+            108,
+        ]
         assert [x async for x in pool.amap(_tasks.double, [])] == []
+
     run(main())
 
 
@@ -258,31 +292,40 @@ def test_amap_unordered_yields_what_finishes_first(pool: fastpool.Pool, tmp_path
 
     async def main() -> None:
         got = []
-        async for x in pool.amap(_ux_tasks.held_first, range(4), [gate] * 4, chunksize=1, ordered=False):
+        async for x in pool.amap(
+            _ux_tasks.held_first, range(4), [gate] * 4, chunksize=1, ordered=False
+        ):
             got.append(x)
             if len(got) == 3:
                 open(gate, "w").close()  # item 0 is held until three others came back
         assert got[:3] != [0, 2, 4] and sorted(got) == [0, 2, 4, 6] and got[-1] == 0
+
     run(main())
 
 
-def test_amap_raises_an_error_at_its_position_after_the_results_before_it(pool: fastpool.Pool) -> None:
+def test_amap_raises_an_error_at_its_position_after_the_results_before_it(
+    pool: fastpool.Pool,
+) -> None:
     async def main() -> None:
         got = []
         with pytest.raises(ValueError, match="item 7 is bad"):
             async for x in pool.amap(_tasks.fail_at, range(20), [7] * 20, chunksize=3):
                 got.append(x)
         assert got == [2 * i for i in range(7)]
+
     run(main())
 
 
-def test_breaking_out_of_amap_cancels_the_chunks_not_run(pool: fastpool.Pool, tmp_path: Path) -> None:
+def test_breaking_out_of_amap_cancels_the_chunks_not_run(
+    pool: fastpool.Pool, tmp_path: Path
+) -> None:
     (gate,) = _files(tmp_path, "gate")
 
     async def main() -> None:
         async for x in pool.amap(_ux_tasks.first_free, range(50), [gate] * 50, chunksize=1):
             assert x == 0
             break  # the iterator is dropped here: no aclose() needed
+
     run(main())
     stats = pool.stats()
     window = 2 * pool.workers + 2
@@ -295,28 +338,38 @@ def test_breaking_out_of_amap_cancels_the_chunks_not_run(pool: fastpool.Pool, tm
     assert stats["chunks_cancelled"] == stats["chunks"] - 1
 
 
-def test_cancelling_an_amap_consumer_with_force_kills_its_running_chunks(pool: fastpool.Pool,
-                                                                          tmp_path: Path) -> None:
+def test_cancelling_an_amap_consumer_with_force_kills_its_running_chunks(
+    pool: fastpool.Pool, tmp_path: Path
+) -> None:
     (gate,) = _files(tmp_path, "gate")
 
     async def consume() -> list[int]:
         got = []
-        async with pool.amap(_ux_tasks.first_free, range(20), [gate] * 20, chunksize=1,
-                             force_cancel=True) as results:
+        async with pool.amap(
+            _ux_tasks.first_free, range(20), [gate] * 20, chunksize=1, force_cancel=True
+        ) as results:
             async for x in results:
                 got.append(x)
         return got
 
     async def main() -> None:
         task = asyncio.create_task(consume())
-        await until(lambda: sum(bool(w["current_task"]) for w in pool.stats()["workers"]) == pool.workers
-                    and pool.stats()["chunks_completed"] == 1, "item 0 back and every worker busy")
+        await until(
+            lambda: (
+                sum(bool(w["current_task"]) for w in pool.stats()["workers"]) == pool.workers
+                and pool.stats()["chunks_completed"] == 1
+            ),
+            "item 0 back and every worker busy",
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert await pool.asubmit(_tasks.double, 3) == 6
+
     run(main())
-    wait_for(lambda: len(pool.stats()["crashes"]) == pool.workers, what=lambda: f"kills: {pool.stats()}")
+    wait_for(
+        lambda: len(pool.stats()["crashes"]) == pool.workers, what=lambda: f"kills: {pool.stats()}"
+    )
     assert {c["cause"] for c in pool.stats()["crashes"]} == {"cancelled"}
 
 
@@ -324,9 +377,14 @@ def test_amap_counts_progress(pool: fastpool.Pool) -> None:
     calls: list[tuple[int, int | None]] = []
 
     async def main() -> None:
-        got = [x async for x in pool.amap(_tasks.double, range(100), chunksize=9,
-                                          progress=lambda d, t: calls.append((d, t)))]
+        got = [
+            x
+            async for x in pool.amap(
+                _tasks.double, range(100), chunksize=9, progress=lambda d, t: calls.append((d, t))
+            )
+        ]
         assert len(got) == 100
+
     run(main())
     assert calls[-1] == (100, 100)
 
@@ -348,12 +406,14 @@ def test_the_driver_thread_runs_while_futures_are_pending_and_then_exits(tmp_pat
     before = drivers()  # other tests' pools: theirs linger a moment
     mine: set[threading.Thread] = set()
     with make_pool(1) as pool:
+
         async def main() -> None:
             task = asyncio.create_task(pool.asubmit(_ux_tasks.gated, "v", started, gate))
             await until(lambda: os.path.exists(started), "the task to start")
             mine.update(drivers() - before)  # a future is pending: a thread drives the pool
             open(gate, "w").close()
             assert await task == "v"
+
         run(main())
     assert len(mine) == 1
     wait_for(lambda: not any(t.is_alive() for t in mine), what="the asyncio driver thread to exit")

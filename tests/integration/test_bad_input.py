@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import _tasks
-import fastpool
+import pytest
 from conftest import make_pool
+
+import fastpool
 
 RESULT_S = 60
 
@@ -26,7 +26,8 @@ def ready(pool: fastpool.Pool) -> list[int]:
     """Runs one task per worker so every worker has started; returns the sorted pids."""
     deadline = time.monotonic() + RESULT_S
     while len(pool.pids()) < pool.workers or any(
-            w["state"] != "ready" for w in pool.stats()["workers"]):
+        w["state"] != "ready" for w in pool.stats()["workers"]
+    ):
         assert time.monotonic() < deadline, f"workers never became ready: {pool.stats()['workers']}"
         pool.submit(_tasks.noop).result(timeout=RESULT_S)
     return sorted(pool.pids())
@@ -81,7 +82,8 @@ def test_an_unpicklable_result_fails_only_its_future(pool: fastpool.Pool, kind: 
 
 @pytest.mark.parametrize("kind", ["lock", "init"], ids=["pickling-fails", "unpickling-fails"])
 def test_an_exception_that_cannot_cross_becomes_RemoteError_with_its_type_and_message(
-        pool: fastpool.Pool, kind: str) -> None:
+    pool: fastpool.Pool, kind: str
+) -> None:
     pids = ready(pool)
     fut = pool.submit(_tasks.raise_unpicklable_exception, "the disk is on fire", kind)
     with pytest.raises(fastpool.RemoteError) as info:
@@ -111,8 +113,12 @@ def test_a_closure_defined_in_the_test_runs_with_its_captured_values(pool: fastp
         return x * factor, offset
 
     assert pool.submit(scale, 5).result(timeout=RESULT_S) == (15, "captured")
-    assert sorted(pool.imap_unordered(scale, range(4))) == [(0, "captured"), (3, "captured"),
-                                                            (6, "captured"), (9, "captured")]
+    assert sorted(pool.imap_unordered(scale, range(4))) == [
+        (0, "captured"),
+        (3, "captured"),
+        (6, "captured"),
+        (9, "captured"),
+    ]
 
 
 # ---- a full queue ------------------------------------------------------------------
@@ -216,7 +222,9 @@ def test_an_argument_over_the_ring_limit_fails_submit_with_advice_on_an_idle_poo
         assert_unharmed(pool, pids)
 
 
-def test_an_argument_over_the_ring_limit_fails_submit_while_the_worker_is_busy(tmp_path: Path) -> None:
+def test_an_argument_over_the_ring_limit_fails_submit_while_the_worker_is_busy(
+    tmp_path: Path,
+) -> None:
     gate = tmp_path / "open"
     with make_pool(1, ring_bytes=1 << 16) as pool:
         pids = ready(pool)
@@ -234,9 +242,11 @@ def test_an_argument_over_the_ring_limit_fails_submit_while_the_worker_is_busy(t
 
 def test_a_closed_pool_refuses_work_with_PoolClosed_and_says_why(pool: fastpool.Pool) -> None:
     pool.shutdown(wait=True)
-    for call in (lambda: pool.submit(_tasks.double, 1),
-                 lambda: pool.map(_tasks.double, [1]),
-                 lambda: pool.imap_unordered(_tasks.double, [1])):
+    for call in (
+        lambda: pool.submit(_tasks.double, 1),
+        lambda: pool.map(_tasks.double, [1]),
+        lambda: pool.imap_unordered(_tasks.double, [1]),
+    ):
         with pytest.raises(fastpool.PoolClosed, match="shut down") as info:
             call()
         assert isinstance(info.value, RuntimeError)

@@ -23,7 +23,13 @@ from concurrent.futures import CancelledError
 
 import pytest
 from _faulty import (
-    announce_then_gate, announce_then_gate_then_die, append_id, appended_ids, cooperative, double, touch,
+    announce_then_gate,
+    announce_then_gate_then_die,
+    append_id,
+    appended_ids,
+    cooperative,
+    double,
+    touch,
 )
 from _waiting import wait_for, wait_workers_ready
 
@@ -102,7 +108,9 @@ def test_pool_cancel_of_a_prefetched_task_cancels_its_future_at_once(pool, tmp_p
 
 
 @pytest.mark.faults
-def test_a_cancelled_prefetched_task_is_not_run_by_the_replacement_when_its_worker_dies(pool, tmp_path):
+def test_a_cancelled_prefetched_task_is_not_run_by_the_replacement_when_its_worker_dies(
+    pool, tmp_path
+):
     held = Held(pool, tmp_path, gate_fn=announce_then_gate_then_die)
     side = tmp_path / "victim-ran"
     victim = pool.submit(touch, str(side))
@@ -166,7 +174,12 @@ def test_cooperative_cancel_ends_as_a_cancelled_future(pool, tmp_path):
     assert callbacks == [fut]
     assert pool.pids() == [pid]
     stats = pool.stats()
-    assert (stats["cancelled"], stats["completed"], stats["killed"], stats["crashed"]) == (1, 0, 0, 0)
+    assert (stats["cancelled"], stats["completed"], stats["killed"], stats["crashed"]) == (
+        1,
+        0,
+        0,
+        0,
+    )
     assert pool.submit(double, 2).result(timeout=30) == 4
 
 
@@ -183,7 +196,9 @@ def test_force_cancel_of_a_running_task_is_a_kill_not_a_crash(pool, tmp_path, ca
     assert stats["crashes"][-1]["cause"] == "cancelled"
     assert held.pid not in pool.pids()
     mine = [r for r in caplog.records if r.name == "fastpool"]
-    assert mine and all(r.levelno == logging.WARNING for r in mine), [(r.levelname, r.message) for r in mine]
+    assert mine and all(r.levelno == logging.WARNING for r in mine), [
+        (r.levelname, r.message) for r in mine
+    ]
 
 
 def test_cancel_of_a_finished_future_returns_false_and_keeps_the_result(pool):
@@ -220,7 +235,9 @@ def test_a_waiter_in_concurrent_futures_wait_sees_a_pool_cancel(pool, tmp_path):
     futs = [pool.submit(double, i) for i in range(40)]
     victim = futs[-1]
     out = []
-    waiter = threading.Thread(target=lambda: out.append(concurrent.futures.wait([victim], timeout=30)))
+    waiter = threading.Thread(
+        target=lambda: out.append(concurrent.futures.wait([victim], timeout=30))
+    )
     waiter.start()
     try:
         assert pool.cancel(victim)

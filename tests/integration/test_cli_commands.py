@@ -24,10 +24,21 @@ PKG = Path(fastpool.__file__).parent
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
-def fastpool_cli(*args: str, cwd: Path | None = None, python_flags: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *python_flags, "-m", "fastpool", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+def fastpool_cli(
+    *args: str,
+    cwd: Path | None = None,
+    python_flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *python_flags, "-m", "fastpool", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_version_names_the_release_and_the_core() -> None:
@@ -41,7 +52,11 @@ def test_doctor_json_smoke_reports_a_working_pool() -> None:
     done = fastpool_cli("doctor", "--json", "--smoke", "--workers", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     facts = json.loads(done.stdout)
-    assert facts["ok"] and facts["core"] and facts["kernel"] == {"memfd": "ok", "pidfd": "ok", "futex": "ok"}
+    assert (
+        facts["ok"]
+        and facts["core"]
+        and facts["kernel"] == {"memfd": "ok", "pidfd": "ok", "futex": "ok"}
+    )
     assert facts["cpus"]["usable"] >= 1 and facts["template"]["now"]["method"] in ("fork", "spawn")
     smoke = facts["smoke"]
     assert "error" not in smoke and smoke["first_result_s"] > 0 and smoke["workers_left"] == []
@@ -51,16 +66,23 @@ def test_doctor_json_smoke_reports_a_working_pool() -> None:
 @pytest.fixture(scope="module")
 def bench_json(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     path = tmp_path_factory.mktemp("bench") / "run.json"
-    done = fastpool_cli("bench", "--quick", "--only", "hop-1w", "--peers", "mp", "--json", str(path))
+    done = fastpool_cli(
+        "bench", "--quick", "--only", "hop-1w", "--peers", "mp", "--json", str(path)
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return path, done.stdout + "\n" + done.stderr
 
 
 def test_bench_prints_the_table_and_writes_raw_samples(bench_json: tuple[Path, str]) -> None:
     path, output = bench_json
-    assert "| hop: no-op round trip, 1 worker |" in output and "| **geometric mean** | fastpool |" in output
-    assert "[2/2" in output                      # progress: what ran, on stderr
-    assert "_" in output.split("Python")[0] and "NumPy" in output and "fastpool 0" in output  # footer
+    assert (
+        "| hop: no-op round trip, 1 worker |" in output
+        and "| **geometric mean** | fastpool |" in output
+    )
+    assert "[2/2" in output  # progress: what ran, on stderr
+    assert (
+        "_" in output.split("Python")[0] and "NumPy" in output and "fastpool 0" in output
+    )  # footer
     data = json.loads(path.read_text())
     rows = {r["peer"]: r for r in data["results"]}
     assert set(rows) == {"fastpool", "mp.Pool"}
@@ -101,8 +123,18 @@ def test_plot_writes_a_png(bench_json: tuple[Path, str], tmp_path: Path) -> None
 
 def test_bench_user_suggests_workers_and_a_chunk_size(tmp_path: Path) -> None:
     (tmp_path / "userwork.py").write_text("def cube(x):\n    return x ** 3\n")
-    done = fastpool_cli("bench", "--user", "userwork:cube", "--args", "range(2000)", "--workers", "1",
-                        "--json", "user.json", cwd=tmp_path)
+    done = fastpool_cli(
+        "bench",
+        "--user",
+        "userwork:cube",
+        "--args",
+        "range(2000)",
+        "--workers",
+        "1",
+        "--json",
+        "user.json",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| serial | 1 |" in done.stdout and "Suggested: fastpool.Pool(1)" in done.stdout
     data = json.loads((tmp_path / "user.json").read_text())
@@ -121,18 +153,30 @@ def test_bench_user_with_a_bad_name_is_a_usage_error(tmp_path: Path) -> None:
 def bare_checkout(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """The package's Python files in a source layout, no compiled core; site-packages on
     PYTHONPATH and ``python -S``, so the editable install's finder does not step in."""
-    shutil.copytree(PKG, tmp_path / "fastpool",
-                    ignore=shutil.ignore_patterns("*.so", "*.c", "*.html", "__pycache__"))
+    shutil.copytree(
+        PKG,
+        tmp_path / "fastpool",
+        ignore=shutil.ignore_patterns("*.so", "*.c", "*.html", "__pycache__"),
+    )
     (tmp_path / "setup.py").write_text("")
     (tmp_path / "csrc").mkdir()
     env = dict(os.environ, PYTHONPATH=sysconfig.get_paths()["purelib"])
     return tmp_path, env
 
 
-def test_importing_a_bare_checkout_explains_the_shadowing(bare_checkout: tuple[Path, dict[str, str]]) -> None:
+def test_importing_a_bare_checkout_explains_the_shadowing(
+    bare_checkout: tuple[Path, dict[str, str]],
+) -> None:
     root, env = bare_checkout
-    done = subprocess.run([sys.executable, "-S", "-c", "import fastpool"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", "import fastpool"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: fastpool was imported from the source checkout")
@@ -140,12 +184,17 @@ def test_importing_a_bare_checkout_explains_the_shadowing(bare_checkout: tuple[P
 
 
 def test_doctor_reports_the_missing_core_and_the_demo_refuses_cleanly(
-        bare_checkout: tuple[Path, dict[str, str]]) -> None:
+    bare_checkout: tuple[Path, dict[str, str]],
+) -> None:
     root, env = bare_checkout
     done = fastpool_cli("doctor", "--json", cwd=root, python_flags=("-S",), env=env)
     assert done.returncode == 1, done.stderr
     facts = json.loads(done.stdout)
     assert facts["core"] is False and not facts["ok"]
-    assert any("compiled core" in f["what"] and "pip install -e ." in f["fix"] for f in facts["findings"])
+    assert any(
+        "compiled core" in f["what"] and "pip install -e ." in f["fix"] for f in facts["findings"]
+    )
     demo = fastpool_cli("demo", cwd=root, python_flags=("-S",), env=env)
-    assert demo.returncode == 1 and "source checkout" in demo.stderr and "Traceback" not in demo.stderr
+    assert (
+        demo.returncode == 1 and "source checkout" in demo.stderr and "Traceback" not in demo.stderr
+    )

@@ -12,9 +12,9 @@ import threading
 from concurrent.futures import CancelledError
 from typing import Any, Iterator
 
+import _tasks
 import pytest
 
-import _tasks
 import fastpool
 
 RESULT_S = 60  # generous: the machine is noisy; a hang still fails long before pytest-timeout
@@ -31,7 +31,9 @@ def test_keyword_arguments_reach_the_task(executor: Any) -> None:
     assert executor.submit(_tasks.sleep_then, x="kw", s=0).result(timeout=RESULT_S) == "kw"
 
 
-def test_a_task_exception_comes_back_as_its_own_type_with_the_worker_traceback(executor: Any) -> None:
+def test_a_task_exception_comes_back_as_its_own_type_with_the_worker_traceback(
+    executor: Any,
+) -> None:
     fut = executor.submit(_tasks.raise_value_error, "boom 17")
     with pytest.raises(ValueError, match="boom 17") as info:
         fut.result(timeout=RESULT_S)
@@ -44,11 +46,17 @@ def test_a_task_exception_comes_back_as_its_own_type_with_the_worker_traceback(e
 def test_map_yields_in_input_order(executor: Any) -> None:
     # Later items finish first, so completion order differs from input order.
     delays = [0.05 * (5 - i) for i in range(6)]
-    assert list(executor.map(_tasks.sleep_then, range(6), delays, timeout=RESULT_S)) == list(range(6))
-    assert list(executor.map(_tasks.double, range(300), timeout=RESULT_S)) == [2 * i for i in range(300)]
+    assert list(executor.map(_tasks.sleep_then, range(6), delays, timeout=RESULT_S)) == list(
+        range(6)
+    )
+    assert list(executor.map(_tasks.double, range(300), timeout=RESULT_S)) == [
+        2 * i for i in range(300)
+    ]
 
 
-def test_map_raises_at_the_failing_position_after_yielding_the_items_before_it(executor: Any) -> None:
+def test_map_raises_at_the_failing_position_after_yielding_the_items_before_it(
+    executor: Any,
+) -> None:
     got = []
     with pytest.raises(ValueError, match="item 5 is bad"):
         for value in executor.map(_tasks.fail_at, range(10), [5] * 10, timeout=RESULT_S):
@@ -108,7 +116,9 @@ def test_a_done_callback_added_after_completion_can_submit(executor: Any) -> Non
     assert first.result(timeout=RESULT_S) == 8
     out: list = []
     errors: list = []
-    first.add_done_callback(_tasks.submit_from_callback(executor, 5, out, errors))  # runs right here
+    first.add_done_callback(
+        _tasks.submit_from_callback(executor, 5, out, errors)
+    )  # runs right here
     assert errors == []
     assert [f.result(timeout=RESULT_S) for f in out] == [0, 2, 4, 6, 8]
 
@@ -200,7 +210,12 @@ def test_closing_a_map_early_cancels_the_chunks_not_yet_run(pool: fastpool.Pool)
 
 def test_map_over_several_iterables_stops_at_the_shortest(pool: fastpool.Pool) -> None:
     assert list(pool.map(_tasks.add, range(10), range(100, 105), timeout=RESULT_S)) == [
-        100, 102, 104, 106, 108]
+        100,
+        102,
+        104,
+        106,
+        108,
+    ]
 
 
 def test_imap_unordered_returns_every_result_once(pool: fastpool.Pool) -> None:
@@ -237,4 +252,3 @@ def test_stats_count_submitted_completed_and_failed(pool: fastpool.Pool) -> None
     assert after["failed"] - before["failed"] == 1
     assert after["queued"] == 0 and after["inflight"] == 0
     assert after["closed"] is False
-

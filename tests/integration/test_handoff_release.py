@@ -14,7 +14,11 @@ from concurrent.futures import CancelledError
 
 import pytest
 from _faulty import (
-    array_with_a_big_pickle, cooperative_array, double, unknown_array_reply, unrebuildable_then_array,
+    array_with_a_big_pickle,
+    cooperative_array,
+    double,
+    unknown_array_reply,
+    unrebuildable_then_array,
 )
 from _waiting import wait_for, wait_workers_ready
 
@@ -28,8 +32,10 @@ def _live(pool: fastpool.Pool) -> int:
 
 
 def _back_to(pool: fastpool.Pool, baseline: int) -> None:
-    wait_for(lambda: _live(pool) == baseline,
-             what=lambda: f"live_blocks back to {baseline} (now {_live(pool)})")
+    wait_for(
+        lambda: _live(pool) == baseline,
+        what=lambda: f"live_blocks back to {baseline} (now {_live(pool)})",
+    )
 
 
 @pytest.fixture
@@ -43,7 +49,9 @@ def pool():
 def test_a_returned_array_holds_one_block_until_it_is_dropped(pool, tmp_path):
     """The control: the helper's array really travels through the arena."""
     baseline = _live(pool)
-    arr = pool.submit(cooperative_array, str(tmp_path / "started"), ARRAY_BYTES, 0.0).result(timeout=30)
+    arr = pool.submit(cooperative_array, str(tmp_path / "started"), ARRAY_BYTES, 0.0).result(
+        timeout=30
+    )
     assert arr.nbytes == ARRAY_BYTES and arr.sum() == ARRAY_BYTES // 8
     assert _live(pool) == baseline + 1
     del arr

@@ -35,7 +35,9 @@ def _collected(ref: weakref.ref, pids: list[int]) -> None:
     gc.collect()
     assert ref() is None, gc.get_referrers(ref())
     wait_gone(pids)
-    wait_for(lambda: not _pool_threads(), what=lambda: f"the pool's threads to end: {_pool_threads()}")
+    wait_for(
+        lambda: not _pool_threads(), what=lambda: f"the pool's threads to end: {_pool_threads()}"
+    )
 
 
 def test_a_dropped_pool_is_collected_and_its_workers_exit():
@@ -83,7 +85,9 @@ def test_a_dropped_pool_finishes_running_tasks_and_cancels_queued_ones(tmp_path)
     opener.touch()
     assert [f.result(timeout=30) for f in running] == ["ppp", "ppp"]
     wait_gone(pids)
-    wait_for(lambda: not _pool_threads(), what=lambda: f"the pool's threads to end: {_pool_threads()}")
+    wait_for(
+        lambda: not _pool_threads(), what=lambda: f"the pool's threads to end: {_pool_threads()}"
+    )
 
 
 def test_a_pool_dropped_without_any_task_is_collected():
@@ -93,6 +97,7 @@ def test_a_pool_dropped_without_any_task_is_collected():
 
 def test_arrays_a_collected_pool_handed_out_stay_valid():
     """Arrays it handed out stay valid after the collection (README: Shared arrays)."""
+
     def use(pool):
         arr = pool.zeros(1 << 17)
         arr[:] = 3

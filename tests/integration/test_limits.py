@@ -27,10 +27,16 @@ def _pool_refuses(exc: type, match: str, *args, **kwargs) -> None:
 # ---- ring_bytes -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ring_bytes", [(8 << 30) + 4096, 1 << 40, (64 << 10) + 1, (1 << 20) + 8, 32 << 10, 0, -4096])
+@pytest.mark.parametrize(
+    "ring_bytes", [(8 << 30) + 4096, 1 << 40, (64 << 10) + 1, (1 << 20) + 8, 32 << 10, 0, -4096]
+)
 def test_a_ring_size_the_format_cannot_hold_is_a_value_error(ring_bytes):
-    _pool_refuses(ValueError, r"ring_bytes must be a multiple of 4096 from 64 KiB to 8 GiB", 1,
-                  ring_bytes=ring_bytes)
+    _pool_refuses(
+        ValueError,
+        r"ring_bytes must be a multiple of 4096 from 64 KiB to 8 GiB",
+        1,
+        ring_bytes=ring_bytes,
+    )
 
 
 @pytest.mark.parametrize("ring_bytes", [1.5e6, "64MiB", None, True])
@@ -83,28 +89,34 @@ def test_the_largest_queue_bound_is_accepted():
         assert pool.submit(double, 2).result(timeout=30) == 4
 
 
-@pytest.mark.parametrize("value, exc, match", [
-    ("lots", ValueError, "cannot read memory amount 'lots'"),
-    (-1, ValueError, "under one byte"),
-    (0, ValueError, "under one byte"),
-    (2.0, ValueError, r"must be in \(0, 1\]"),
-    (float("nan"), ValueError, r"must be in \(0, 1\]"),
-    ("-5MB", ValueError, "cannot read memory amount"),
-    ("12 parsecs", ValueError, "memory amount"),
-    (True, TypeError, "memory amount must be int, float or str"),
-    ([1], TypeError, "memory amount must be int, float or str"),
-])
+@pytest.mark.parametrize(
+    "value, exc, match",
+    [
+        ("lots", ValueError, "cannot read memory amount 'lots'"),
+        (-1, ValueError, "under one byte"),
+        (0, ValueError, "under one byte"),
+        (2.0, ValueError, r"must be in \(0, 1\]"),
+        (float("nan"), ValueError, r"must be in \(0, 1\]"),
+        ("-5MB", ValueError, "cannot read memory amount"),
+        ("12 parsecs", ValueError, "memory amount"),
+        (True, TypeError, "memory amount must be int, float or str"),
+        ([1], TypeError, "memory amount must be int, float or str"),
+    ],
+)
 @pytest.mark.parametrize("option", ["memory_limit", "leak_threshold", "min_available_memory"])
 def test_a_memory_amount_that_is_not_one_is_refused_clearly(option, value, exc, match):
     _pool_refuses(exc, match, 1, **{option: value})
 
 
-@pytest.mark.parametrize("arena_bytes, exc, match", [
-    (1, ValueError, "arena_bytes must be at least 1 MiB"),
-    (-1, ValueError, "arena_bytes must be at least 1 MiB"),
-    (1 << 60, ValueError, "is too large for 1 workers"),
-    (2.5e9, TypeError, "arena_bytes and the worker count must be integers"),
-])
+@pytest.mark.parametrize(
+    "arena_bytes, exc, match",
+    [
+        (1, ValueError, "arena_bytes must be at least 1 MiB"),
+        (-1, ValueError, "arena_bytes must be at least 1 MiB"),
+        (1 << 60, ValueError, "is too large for 1 workers"),
+        (2.5e9, TypeError, "arena_bytes and the worker count must be integers"),
+    ],
+)
 def test_an_arena_size_the_layout_cannot_hold_is_refused(arena_bytes, exc, match):
     _pool_refuses(exc, match, 1, arena_bytes=arena_bytes)
 
@@ -125,12 +137,15 @@ def test_the_smallest_arena_is_accepted_and_says_when_it_is_full():
 # ---- array shapes --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape, dtype", [
-    ((2**40, 2**40), float),
-    ((2**62,), np.float64),
-    ((2**63,), np.uint8),
-    ((2**31, 2**31, 4), np.uint8),  # exactly 2**64 bytes: zero after a 64-bit wrap
-])
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [
+        ((2**40, 2**40), float),
+        ((2**62,), np.float64),
+        ((2**63,), np.uint8),
+        ((2**31, 2**31, 4), np.uint8),  # exactly 2**64 bytes: zero after a 64-bit wrap
+    ],
+)
 @pytest.mark.parametrize("make", ["empty", "zeros"])
 def test_an_array_whose_byte_size_overflows_is_a_value_error_not_a_wrap(make, shape, dtype):
     with fastpool.Pool(1) as pool:
@@ -181,28 +196,42 @@ def test_workers_and_max_workers_together_is_a_type_error():
     _pool_refuses(TypeError, "pass workers or max_workers", workers=1, max_workers=1)
 
 
-@pytest.mark.parametrize("option, value, match", [
-    ("start_timeout", 0, "start_timeout"), ("start_timeout", -1, "start_timeout"),
-    ("task_timeout", float("nan"), "task_timeout"), ("queue_timeout", -1, "queue_timeout"),
-    ("hang_timeout", 0, "hang_timeout"), ("max_failures", 0, "max_failures"),
-    ("max_tasks_per_worker", 0, "max_tasks_per_worker"),
-    ("backoff_base_s", -1, "base_s"),  # says "backoff base_s", not the argument's name
-    ("breaker_open_s", -1, "open_s"),  # says "open_s", not the argument's name
-])
+@pytest.mark.parametrize(
+    "option, value, match",
+    [
+        ("start_timeout", 0, "start_timeout"),
+        ("start_timeout", -1, "start_timeout"),
+        ("task_timeout", float("nan"), "task_timeout"),
+        ("queue_timeout", -1, "queue_timeout"),
+        ("hang_timeout", 0, "hang_timeout"),
+        ("max_failures", 0, "max_failures"),
+        ("max_tasks_per_worker", 0, "max_tasks_per_worker"),
+        ("backoff_base_s", -1, "base_s"),  # says "backoff base_s", not the argument's name
+        ("breaker_open_s", -1, "open_s"),  # says "open_s", not the argument's name
+    ],
+)
 def test_a_number_out_of_range_is_a_value_error_naming_it(option, value, match):
     _pool_refuses(ValueError, match, 1, **{option: value})
 
 
 def test_start_timeout_none_is_refused_naming_it():
     # every start needs a deadline: a lost spawn request would otherwise hang its slot
-    _pool_refuses(ValueError, r"start_timeout must be a positive number of seconds, not None", 1,
-                  start_timeout=None)
+    _pool_refuses(
+        ValueError,
+        r"start_timeout must be a positive number of seconds, not None",
+        1,
+        start_timeout=None,
+    )
 
 
 @pytest.mark.parametrize("value", ["fast", -1, 0])
 def test_a_memory_interval_that_is_not_a_positive_number_is_refused(value):
-    _pool_refuses(ValueError, r"memory_interval_s must be a positive number of seconds", 1,
-                  memory_interval_s=value)
+    _pool_refuses(
+        ValueError,
+        r"memory_interval_s must be a positive number of seconds",
+        1,
+        memory_interval_s=value,
+    )
 
 
 @pytest.mark.parametrize("value", [0, -2, 1.5])

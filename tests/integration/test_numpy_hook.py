@@ -1,4 +1,4 @@
-"""NumPy's allocator hook in real workers (fastpool/_alloc.pyx): a worker's new array is made
+"""NumPy's allocator hook in real workers (fastpool/_native/_alloc.pyx): a worker's new array is made
 in its arena region and reaches the parent without a copy, and nothing about the array changes.
 
 "Without a copy" is checked, not assumed: each task returns where its array's bytes sit in
@@ -6,12 +6,11 @@ the arena, and the parent compares that with where its own view of the result si
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
 import _hook_tasks
+import numpy as np
 from conftest import make_pool
-from fastpool import _alloc, _arena
+
+from fastpool._native import _alloc, _arena
 
 RESULT_S = 60
 N = 1 << 18  # float64: 2 MiB, over the hook's 1 MiB threshold
@@ -39,7 +38,9 @@ def test_arrays_in_containers_are_sent_without_a_copy(pool):
     arr = np.arange(N, dtype=np.float64)
     got = pool.submit(_hook_tasks.double_in_containers, arr).result(timeout=RESULT_S)
     b, label = got["items"]
-    assert np.array_equal(got["a"], arr * 2) and np.array_equal(b, (arr * 3)[::2]) and label == "label"
+    assert (
+        np.array_equal(got["a"], arr * 2) and np.array_equal(b, (arr * 3)[::2]) and label == "label"
+    )
     assert (_where(pool, got["a"]), _where(pool, b)) == got["where"]
 
 
@@ -47,7 +48,10 @@ def test_the_same_array_twice_in_a_result_is_copied_and_correct(pool):
     arr = np.arange(N, dtype=np.float64)
     first, second, where = pool.submit(_hook_tasks.double_twice, arr).result(timeout=RESULT_S)
     assert np.array_equal(first, arr * 2) and np.array_equal(second, arr * 2)
-    assert where not in (_where(pool, first), _where(pool, second))  # held twice: not the result's alone
+    assert where not in (
+        _where(pool, first),
+        _where(pool, second),
+    )  # held twice: not the result's alone
 
 
 def test_an_array_the_worker_keeps_is_copied_and_later_changes_do_not_reach_the_parent():
@@ -55,7 +59,9 @@ def test_an_array_the_worker_keeps_is_copied_and_later_changes_do_not_reach_the_
     with make_pool(1) as p:
         out, where = p.submit(_hook_tasks.double_and_keep, arr).result(timeout=RESULT_S)
         assert _where(p, out) != where
-        assert p.submit(_hook_tasks.scale_kept, 10.0).result(timeout=RESULT_S) == 20.0  # the global is valid
+        assert (
+            p.submit(_hook_tasks.scale_kept, 10.0).result(timeout=RESULT_S) == 20.0
+        )  # the global is valid
         assert out[1] == 2.0  # the parent's copy did not move with it
         assert p.submit(_hook_tasks.drop_kept).result(timeout=RESULT_S) == 1
         assert p.submit(_hook_tasks.hook_stats).result(timeout=RESULT_S)["live"] == 0
@@ -63,14 +69,19 @@ def test_an_array_the_worker_keeps_is_copied_and_later_changes_do_not_reach_the_
 
 def test_an_array_made_in_a_task_thread_is_copied_and_correct(pool):
     arr = np.arange(N, dtype=np.float64)
-    assert np.array_equal(pool.submit(_hook_tasks.double_in_a_thread, arr).result(timeout=RESULT_S), arr * 2)
+    assert np.array_equal(
+        pool.submit(_hook_tasks.double_in_a_thread, arr).result(timeout=RESULT_S), arr * 2
+    )
 
 
 def test_no_block_leaks_once_results_are_dropped():
     arr = np.arange(N, dtype=np.float64)
     with make_pool(2) as p:
         results = [p.submit(_hook_tasks.double, arr).result(timeout=RESULT_S) for _ in range(4)]
-        results += [p.submit(_hook_tasks.double_in_containers, arr).result(timeout=RESULT_S) for _ in range(2)]
+        results += [
+            p.submit(_hook_tasks.double_in_containers, arr).result(timeout=RESULT_S)
+            for _ in range(2)
+        ]
         assert p.submit(_hook_tasks.temporaries, arr).result(timeout=RESULT_S) == 5 * arr.sum()
         assert p._arena.usage()["live_blocks"] > 0
         del results

@@ -14,12 +14,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-import pytest
-
 import _tasks
 import _ux_tasks
-import fastpool
+import pytest
 from _waiting import wait_for
+
+import fastpool
 
 N = 100
 
@@ -41,7 +41,9 @@ class Recorder:
             return self.calls[-1][0] if self.calls else 0
 
 
-def _run(kind: str, pool: fastpool.Pool, fn: Callable[..., Any], items: Any, **kw: Any) -> list[Any]:
+def _run(
+    kind: str, pool: fastpool.Pool, fn: Callable[..., Any], items: Any, **kw: Any
+) -> list[Any]:
     if kind == "map":
         return list(pool.map(fn, items, **kw))
     return sorted(pool.imap_unordered(fn, items, **kw))
@@ -49,28 +51,36 @@ def _run(kind: str, pool: fastpool.Pool, fn: Callable[..., Any], items: Any, **k
 
 @pytest.mark.parametrize("kind", ["map", "imap_unordered"])
 @pytest.mark.parametrize("chunksize", [1, 3, 7, N, None])
-def test_each_item_is_counted_once_whatever_the_chunk_size(pool: fastpool.Pool, kind: str,
-                                                           chunksize: int | None) -> None:
+def test_each_item_is_counted_once_whatever_the_chunk_size(
+    pool: fastpool.Pool, kind: str, chunksize: int | None
+) -> None:
     rec = Recorder()
     assert _run(kind, pool, _tasks.double, range(N), chunksize=chunksize, progress=rec) == [
-        2 * i for i in range(N)]
+        2 * i for i in range(N)
+    ]
     dones = [d for d, _ in rec.calls]
     assert dones[-1] == N
     assert all(a < b for a, b in zip(dones, dones[1:])), dones  # counted once, in order
     assert {t for _, t in rec.calls} == {N}
     step = chunksize or N
-    assert all(b - a <= step for a, b in zip([0] + dones, dones)), dones  # one update per chunk at most
+    assert all(b - a <= step for a, b in zip([0] + dones, dones)), (
+        dones
+    )  # one update per chunk at most
 
 
-def test_finished_items_count_before_the_consumer_reaches_them(pool: fastpool.Pool, tmp_path: Any) -> None:
+def test_finished_items_count_before_the_consumer_reaches_them(
+    pool: fastpool.Pool, tmp_path: Any
+) -> None:
     gate = str(tmp_path / "gate")
     rec = Recorder()
     n = 2 * pool.workers + 2  # map's window: every chunk is submitted up front
     results = pool.map(_ux_tasks.held_first, range(n), [gate] * n, chunksize=1, progress=rec)
     # item 0 holds the head of an ordered map: nothing can be yielded yet, but the
     # others finish (all but those prefetched behind it on its worker) and count
-    wait_for(lambda: rec.done >= n // 2 and rec.done == pool.stats()["chunks_completed"],
-             what=lambda: f"finished items counted: {rec.calls}, stats {pool.stats()}")
+    wait_for(
+        lambda: rec.done >= n // 2 and rec.done == pool.stats()["chunks_completed"],
+        what=lambda: f"finished items counted: {rec.calls}, stats {pool.stats()}",
+    )
     open(gate, "w").close()
     assert list(results) == [2 * i for i in range(n)]
     assert rec.calls[-1] == (n, n)
@@ -108,8 +118,9 @@ def test_an_error_in_the_middle_closes_the_bar_with_what_finished(pool: fastpool
     assert len(rec.calls) == seen
 
 
-def test_tqdm_bar_is_drawn_through_tqdm_auto(pool: fastpool.Pool, monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_tqdm_bar_is_drawn_through_tqdm_auto(
+    pool: fastpool.Pool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import tqdm.auto
 
     bars: list[Any] = []
@@ -127,14 +138,17 @@ def test_tqdm_bar_is_drawn_through_tqdm_auto(pool: fastpool.Pool, monkeypatch: p
     assert f"{N}/{N}" in capsys.readouterr().err
 
 
-def test_progress_tqdm_writes_a_bar_to_stderr(pool: fastpool.Pool, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_tqdm_writes_a_bar_to_stderr(
+    pool: fastpool.Pool, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert len(list(pool.imap_unordered(_tasks.double, range(N), progress="tqdm"))) == N
     err = capsys.readouterr().err
     assert f"{N}/{N}" in err and "double" in err  # the function's name labels the bar
 
 
-def test_without_tqdm_progress_names_the_extra_and_submits_nothing(pool: fastpool.Pool,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_tqdm_progress_names_the_extra_and_submits_nothing(
+    pool: fastpool.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
     with pytest.raises(ImportError, match=r"pip install 'fastpool\[progress\]'"):
@@ -156,7 +170,9 @@ def test_a_bad_progress_value_is_a_type_error_before_anything_runs(pool: fastpoo
     assert pool.stats()["chunks"] == 0
 
 
-def test_progress_over_futures_counts_them_as_they_finish(pool: fastpool.Pool, tmp_path: Any) -> None:
+def test_progress_over_futures_counts_them_as_they_finish(
+    pool: fastpool.Pool, tmp_path: Any
+) -> None:
     started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
     futures = [pool.submit(_ux_tasks.gated, "slow", started, gate)]
     futures += [pool.submit(_tasks.double, i) for i in range(5)]
@@ -164,8 +180,10 @@ def test_progress_over_futures_counts_them_as_they_finish(pool: fastpool.Pool, t
     wrapped = fastpool.progress(futures, kind=rec)
     assert list(wrapped) == futures  # the same futures, the same order
     # all but the gated one finish (and those prefetched behind it on its worker)
-    wait_for(lambda: rec.done >= 3 and rec.done == pool.stats()["completed"],
-             what=lambda: f"finished futures counted: {rec.calls}, stats {pool.stats()}")
+    wait_for(
+        lambda: rec.done >= 3 and rec.done == pool.stats()["completed"],
+        what=lambda: f"finished futures counted: {rec.calls}, stats {pool.stats()}",
+    )
     assert rec.calls[-1][1] == 6 and not futures[0].done()
     open(gate, "w").close()
     assert futures[0].result(timeout=30) == "slow"
@@ -176,12 +194,16 @@ def test_progress_over_a_generator_of_futures_closes_when_all_finished(tmp_path:
     # any concurrent.futures.Future: here a thread pool's
     with ThreadPoolExecutor(2) as ex:
         rec = Recorder()
-        got = [f.result() for f in fastpool.progress((ex.submit(abs, -i) for i in range(20)), kind=rec)]
+        got = [
+            f.result() for f in fastpool.progress((ex.submit(abs, -i) for i in range(20)), kind=rec)
+        ]
     assert got == list(range(20))
     assert rec.calls[-1] == (20, None)  # a generator: no total
 
 
-def test_progress_bar_closes_after_the_last_future(pool: fastpool.Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_bar_closes_after_the_last_future(
+    pool: fastpool.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tqdm.auto
 
     bars: list[Any] = []
@@ -196,7 +218,9 @@ def test_progress_bar_closes_after_the_last_future(pool: fastpool.Pool, monkeypa
             self.fp.close()
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
-    futures = list(fastpool.progress(pool.submit(_tasks.double, i) for i in range(10)))  # exhausted at once
+    futures = list(
+        fastpool.progress(pool.submit(_tasks.double, i) for i in range(10))
+    )  # exhausted at once
     assert [f.result(timeout=30) for f in futures] == [2 * i for i in range(10)]
     wait_for(lambda: bars[0].disable, what="the bar closed after the last future")
     assert bars[0].n == 10

@@ -1,8 +1,9 @@
 """A reply for a task nobody owns (late, after a timeout or a crash-and-replace) is dropped."""
 
 import _faulty
-import fastpool
 from _waiting import wait_for
+
+import fastpool
 
 
 def test_reply_with_an_unknown_task_id_is_dropped_and_nothing_breaks():

@@ -15,13 +15,13 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-import pytest
-
 import _tasks
-import fastpool
+import pytest
 from conftest import make_pool
-from fastpool import _template
-from fastpool import _supervisor
+
+import fastpool
+from fastpool._runtime import _template
+from fastpool._supervision import _supervisor
 
 RESULT_S = 30
 
@@ -88,7 +88,9 @@ def test_a_worker_ready_before_its_pid_is_known_still_gets_work(held_pid: HeldPi
 
 
 @pytest.mark.faults
-def test_the_death_of_a_worker_ready_before_its_pid_is_known_is_still_noticed(held_pid: HeldPid) -> None:
+def test_the_death_of_a_worker_ready_before_its_pid_is_known_is_still_noticed(
+    held_pid: HeldPid,
+) -> None:
     # Crash detection waits on the worker's pidfd, which arrives with the pid
     # message; a slot that went ready first must still get it, or a crash there
     # leaves its task's future unsettled for ever.

@@ -39,8 +39,9 @@ def _worker_thread(pool, seed, barrier, out, errors):
                 elif roll < 0.25:
                     said = f.cancel()
                 mine.append((f, expected, said))
-            assert list(pool.map(double, range(r, r + 20), chunksize=rng.choice([1, 3, 7]))) == \
-                [2 * i for i in range(r, r + 20)]
+            assert list(pool.map(double, range(r, r + 20), chunksize=rng.choice([1, 3, 7]))) == [
+                2 * i for i in range(r, r + 20)
+            ]
             got = sorted(pool.imap_unordered(double, range(10), chunksize=2))
             assert got == [2 * i for i in range(10)]
             pool.stats()
@@ -68,8 +69,10 @@ def test_threads_submitting_mapping_cancelling_and_reading_stats_at_once():
         stop = threading.Event()
         reader = threading.Thread(target=_stats_reader, args=(pool, stop, errors))
         reader.start()
-        threads = [threading.Thread(target=_worker_thread, args=(pool, s, barrier, out, errors))
-                   for s in range(THREADS)]
+        threads = [
+            threading.Thread(target=_worker_thread, args=(pool, s, barrier, out, errors))
+            for s in range(THREADS)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -80,8 +83,14 @@ def test_threads_submitting_mapping_cancelling_and_reading_stats_at_once():
         assert errors == [], errors
 
         # Other threads wait on the same futures while this one does too.
-        waiters = [threading.Thread(target=lambda: [f.exception(timeout=60) if not f.cancelled() else None
-                                                    for f, _, _ in out]) for _ in range(3)]
+        waiters = [
+            threading.Thread(
+                target=lambda: [
+                    f.exception(timeout=60) if not f.cancelled() else None for f, _, _ in out
+                ]
+            )
+            for _ in range(3)
+        ]
         for w in waiters:
             w.start()
         cancelled = 0

@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import os
 
+import _arrays
 import numpy as np
 import pytest
-
-import _arrays
-import fastpool
 from _waiting import wait_workers_ready
 from conftest import make_pool
-from fastpool import _codec
+
+import fastpool
+from fastpool._runtime import _codec
 
 RESULT_S = 60
 
 
 def _call_size(pool: fastpool.Pool, *args) -> int:
-    return len(_codec.function_bytes(_arrays.total)) + len(_codec.encode_args(args, args, {}, pool._arena, []))
+    return len(_codec.function_bytes(_arrays.total)) + len(
+        _codec.encode_args(args, args, {}, pool._arena, [])
+    )
 
 
 def test_a_worker_writes_into_a_shared_output_and_the_parent_sees_it(pool):
@@ -86,13 +88,19 @@ def _layouts(pool):
     }
 
 
-@pytest.mark.parametrize("case", ["strided", "reversed", "transposed", "zero_d", "empty", "structured",
-                                  "fortran", "column"])
+@pytest.mark.parametrize(
+    "case",
+    ["strided", "reversed", "transposed", "zero_d", "empty", "structured", "fortran", "column"],
+)
 def test_views_and_layouts_arrive_as_the_same_memory(pool, case):
     arr = _layouts(pool)[case]
     got = pool.submit(_arrays.info, arr).result(timeout=RESULT_S)
     assert got["shared"], "a view of a shared array must not be copied"
-    assert got["shape"] == arr.shape and got["strides"] == arr.strides and got["dtype"] == arr.dtype.str
+    assert (
+        got["shape"] == arr.shape
+        and got["strides"] == arr.strides
+        and got["dtype"] == arr.dtype.str
+    )
     back = pool.submit(_arrays.echo, arr).result(timeout=RESULT_S)
     assert back.shape == arr.shape and back.dtype == arr.dtype
     assert np.array_equal(back, arr)
@@ -100,13 +108,16 @@ def test_views_and_layouts_arrive_as_the_same_memory(pool, case):
         assert np.shares_memory(back, arr)  # a view came back: the very same bytes
 
 
-@pytest.mark.parametrize("make", [
-    lambda: np.arange(100000.0)[::3],                       # non-contiguous plain: copied once
-    lambda: np.asfortranarray(np.arange(40000.0).reshape(200, 200)),
-    lambda: np.zeros(20000, dtype=[("x", "f8"), ("y", "i4")]),
-    lambda: np.array(3.5),                                  # 0-d: inline
-    lambda: np.zeros((0, 5)),                               # empty: inline
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.arange(100000.0)[::3],  # non-contiguous plain: copied once
+        lambda: np.asfortranarray(np.arange(40000.0).reshape(200, 200)),
+        lambda: np.zeros(20000, dtype=[("x", "f8"), ("y", "i4")]),
+        lambda: np.array(3.5),  # 0-d: inline
+        lambda: np.zeros((0, 5)),  # empty: inline
+    ],
+)
 def test_plain_arrays_of_every_layout_arrive_equal(pool, make):
     arr = make()
     back = pool.submit(_arrays.echo, arr).result(timeout=RESULT_S)
@@ -175,9 +186,17 @@ def test_transfer_detaches_the_senders_handle(pool):
     arr[:] = 1.0
     fut = pool.submit(_arrays.total, fastpool.transfer(arr))
     assert fut.result(timeout=RESULT_S) == 1000.0
-    for use in (lambda: arr[0], lambda: repr(arr), lambda: np.sum(arr), lambda: arr + 1, lambda: len(arr),
-                lambda: list(arr), lambda: arr.copy(), lambda: arr.tobytes(),
-                lambda: pool.submit(_arrays.total, arr)):
+    for use in (
+        lambda: arr[0],
+        lambda: repr(arr),
+        lambda: np.sum(arr),
+        lambda: arr + 1,
+        lambda: len(arr),
+        lambda: list(arr),
+        lambda: arr.copy(),
+        lambda: arr.tobytes(),
+        lambda: pool.submit(_arrays.total, arr),
+    ):
         with pytest.raises(fastpool.DetachedBufferError):
             use()
     assert arr.size == 0 and not arr.flags.writeable  # any path not caught sees nothing stale
@@ -189,7 +208,9 @@ def test_transfer_detaches_the_senders_handle(pool):
 def test_a_worker_transfers_a_buffer_back(pool):
     arr = pool.empty(1000)
     arr[:] = 3.0
-    back = pool.submit(_arrays.double_and_transfer_back, fastpool.transfer(arr)).result(timeout=RESULT_S)
+    back = pool.submit(_arrays.double_and_transfer_back, fastpool.transfer(arr)).result(
+        timeout=RESULT_S
+    )
     assert (back == 6.0).all()
     back[0] = 1.0  # the parent owns it again
 
@@ -206,7 +227,10 @@ def test_shared_initargs_reach_every_worker_by_descriptor(tmp_path):
         assert len(p._sup.init_payload) < 2048
         wait_workers_ready(p)  # else both tasks may be queued on the first worker up
         # Each task holds its worker until both workers run one: two tasks, two workers.
-        futs = [p.submit(_arrays.stored_info_once_all_met, str(tmp_path), p.workers) for _ in range(p.workers)]
+        futs = [
+            p.submit(_arrays.stored_info_once_all_met, str(tmp_path), p.workers)
+            for _ in range(p.workers)
+        ]
         replies = [f.result(timeout=RESULT_S) for f in futs]
         assert {pid for pid, _ in replies} == set(p.pids()) and len(replies) == 2
         assert all(info["shared"] for _, info in replies)
@@ -215,8 +239,11 @@ def test_shared_initargs_reach_every_worker_by_descriptor(tmp_path):
 
 def test_nothing_in_dev_shm_and_the_arena_fd_closes_at_shutdown():
     def fds():
-        return {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-                if os.path.exists(f"/proc/self/fd/{fd}")}
+        return {
+            fd: os.readlink(f"/proc/self/fd/{fd}")
+            for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")
+        }
 
     shm0, fds0 = set(os.listdir("/dev/shm")), fds()
     with make_pool(2) as p:

@@ -23,24 +23,47 @@ pytest.importorskip("mypy", reason="mypy is in the test extra: pip install -e '.
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 CONFIG = HERE / "mypy.ini"
-COMPILED = ["fastpool._core", "fastpool._arena", "fastpool._task", "fastpool._dispatch", "fastpool._control",
-            "fastpool._serve"]
+COMPILED = [
+    "fastpool._native._core",
+    "fastpool._native._arena",
+    "fastpool._runtime._task",
+    "fastpool._runtime._dispatch",
+    "fastpool._runtime._control",
+    "fastpool._runtime._serve",
+]
 _EXPECTED = re.compile(r"#\s*E:\s*([a-z-]+(?:,\s*[a-z-]+)*)\s*$")
 _ERROR = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): error: .*\[(?P<code>[a-z-]+)\]$")
 
 
 def _mypy(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(CONFIG), "--cache-dir", str(cache),
-         "--no-pretty", "--no-error-summary", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(CONFIG),
+            "--cache-dir",
+            str(cache),
+            "--no-pretty",
+            "--no-error-summary",
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
 def mypy_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One mypy run over both files (the numpy stubs are read once)."""
-    proc = _mypy(str(HERE / "user_code.py"), str(HERE / "user_errors.py"),
-                 cache=tmp_path_factory.mktemp("mypy-cache"))
+    proc = _mypy(
+        str(HERE / "user_code.py"),
+        str(HERE / "user_errors.py"),
+        cache=tmp_path_factory.mktemp("mypy-cache"),
+    )
     if proc.returncode not in (0, 1) or proc.stderr.strip():
         pytest.fail(f"mypy itself failed (exit {proc.returncode}):\n{proc.stderr}\n{proc.stdout}")
     found: dict[str, set[tuple[int, str]]] = {"user_code.py": set(), "user_errors.py": set()}
@@ -69,15 +92,32 @@ def test_each_deliberate_mistake_is_reported_on_its_line(mypy_run: dict[str, Any
 
 
 def test_typical_user_code_runs() -> None:
-    proc = subprocess.run([sys.executable, str(HERE / "user_code.py")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "user_code.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.slow
 def test_stubs_match_the_compiled_modules(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy.stubtest", *COMPILED, "--mypy-config-file", str(HERE / "stubtest.ini"),
-         "--allowlist", str(HERE / "stubtest_allowlist.txt")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "mypy.stubtest",
+            *COMPILED,
+            "--mypy-config-file",
+            str(HERE / "stubtest.ini"),
+            "--allowlist",
+            str(HERE / "stubtest_allowlist.txt"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""Claims about fastpool._alloc, NumPy's allocator hook, in one process.
+"""Claims about fastpool._native._alloc, NumPy's allocator hook, in one process.
 
 A worker's view of an arena is made here with Arena.attach(fd, 1); the hook is
 installed in a copy of the test's context, so NumPy's handler (a context
@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from fastpool import _alloc, _arena
+from fastpool._native import _alloc, _arena
 
 MIB = 1 << 20
 
@@ -35,6 +35,7 @@ def in_region(arena: _arena.Arena, arr: np.ndarray) -> bool:
 
 def hooked(worker: _arena.Arena, fn, **install):
     """fn() with the hook installed for worker, in a context of its own."""
+
     def run():
         _alloc.install(worker, **install)
         try:
@@ -97,7 +98,7 @@ def test_growing_an_array_in_place_keeps_its_values(arenas):
 
     arr = hooked(worker, grow)
     assert in_region(worker, arr)
-    assert np.array_equal(arr[: MIB // 8], np.arange(MIB // 8)) and not arr[MIB // 8:].any()
+    assert np.array_equal(arr[: MIB // 8], np.arange(MIB // 8)) and not arr[MIB // 8 :].any()
     del arr
     assert worker.usage()["live_blocks"] == 0
 
@@ -160,8 +161,12 @@ def test_a_forked_child_uses_malloc_and_leaves_the_workers_blocks_alone(arenas):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child reports through the pipe
             try:
-                ok = not in_region(worker, np.ones(2 * MIB))  # the handler is inherited, the region is not
-                del arr  # frees the child's copy of a hook array: must not drop the worker's reference
+                ok = not in_region(
+                    worker, np.ones(2 * MIB)
+                )  # the handler is inherited, the region is not
+                del (
+                    arr
+                )  # frees the child's copy of a hook array: must not drop the worker's reference
                 os.write(w, b"1" if ok else b"0")
             finally:
                 os._exit(0)

@@ -1,4 +1,4 @@
-"""Claims about fastpool._arena in one process: sizes a user can pass, and an
+"""Claims about fastpool._native._arena in one process: sizes a user can pass, and an
 arena whose headers were overwritten (as a worker's task can) through ctypes.
 
 Every worker maps the whole arena read-write; these tests write the garbage
@@ -15,7 +15,8 @@ import pickle
 import numpy as np
 import pytest
 
-from fastpool import _arena, errors
+from fastpool import errors
+from fastpool._native import _arena
 
 MIB = 1 << 20
 PAGE = 4096
@@ -117,7 +118,9 @@ def test_attach_checks_the_header_copy_against_the_file_s_real_size(arena):
     for size, why in ((100, "too short"), (2 * PAGE, "magic or layout")):
         fd = os.memfd_create("fake-arena")
         try:
-            os.write(fd, head[:size])  # the real header, in a file too short for the arena it describes
+            os.write(
+                fd, head[:size]
+            )  # the real header, in a file too short for the arena it describes
             with pytest.raises(errors.SegmentCorrupt, match=why):
                 _arena.Arena.attach(fd, 1)
         finally:
@@ -181,7 +184,9 @@ def test_a_garbage_top_is_reported_and_the_parent_keeps_its_arrays(arena, value)
 def test_a_top_lowered_to_a_block_boundary_is_caught_by_the_owner_s_own_record(arena):
     a, b = filled(arena, 1000, 1.0), filled(arena, 1000, 2.0)
     blk_b = _arena_block(b)
-    poke64(arena, TOP_AT, blk_b.off - region_base(arena, 0))  # b falls off the chain: consistent, but wrong
+    poke64(
+        arena, TOP_AT, blk_b.off - region_base(arena, 0)
+    )  # b falls off the chain: consistent, but wrong
     assert arena.check_region(0) == 1
     with pytest.raises(errors.RegionCorrupt, match="top"):
         arena.alloc(1000)  # a bump now would land on b
@@ -200,7 +205,9 @@ def test_a_block_keeps_its_length_when_its_header_is_enlarged(arena):
     arr = filled(arena, 1000, 4.0)
     blk = _arena_block(arr)
     nbytes = blk.nbytes
-    poke64(arena, blk.off + SIZE_AT, arena.region_bytes * 2)  # past the region and the mapping's end
+    poke64(
+        arena, blk.off + SIZE_AT, arena.region_bytes * 2
+    )  # past the region and the mapping's end
     assert blk.nbytes == nbytes and memoryview(blk).nbytes == nbytes
     with pytest.raises(errors.SegmentCorrupt, match="past the region's top"):
         arena.ref(blk.off, blk.gen, False)  # a new view would span foreign memory: refused
@@ -231,7 +238,9 @@ def test_a_free_block_forged_to_cover_a_held_one_is_refused(arena):
     a_off, b_off = _arena_block(first).off, _arena_block(held).off
     del first  # free
     size_a, size_b = peek64(arena, a_off + SIZE_AT), peek64(arena, b_off + SIZE_AT)
-    poke64(arena, a_off + SIZE_AT, size_a + size_b)  # a plausible chain: first, now over held, then last
+    poke64(
+        arena, a_off + SIZE_AT, size_a + size_b
+    )  # a plausible chain: first, now over held, then last
     assert arena.check_region(0) == 2
     with pytest.raises(errors.RegionCorrupt, match="covers one this process still holds"):
         arena.alloc(size_a + size_b - arena.header_bytes)
@@ -310,9 +319,11 @@ def test_a_dead_workers_free_blocks_give_their_pages_back(arena):
         mine[:] = 5.0
         kept = _arena.new_array(worker, MIB // 8, np.float64)
         kept[:] = 6.0
-        seen = np.frombuffer(arena.ref(kept.base.off, kept.base.gen, False), np.float64, kept.size)  # the parent's
+        seen = np.frombuffer(
+            arena.ref(kept.base.off, kept.base.gen, False), np.float64, kept.size
+        )  # the parent's
         arena.reclaim(0)  # worker slot 0 died holding both
-        assert not mine[PAGE // 8:].any()  # free: its pages past the header's were punched
+        assert not mine[PAGE // 8 :].any()  # free: its pages past the header's were punched
         assert (seen == 6.0).all()  # referenced by the parent: untouched
     finally:
         worker.close()

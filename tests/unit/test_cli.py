@@ -14,34 +14,40 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastpool import _install
 from fastpool._bench import report, scenarios, user
 from fastpool._bench.runner import Result
+from fastpool._runtime import _install
 from fastpool.cli import demo, doctor
 
 # ---- python -m fastpool, as the interpreter saw it -------------------------------------
 
 
-@pytest.mark.parametrize("orig", [
-    ["python", "-m", "fastpool", "doctor"],
-    ["python", "-mfastpool"],
-    ["python", "-P", "-m", "fastpool"],
-    ["python", "-Pm", "fastpool"],
-    ["python", "-X", "dev", "-W", "error", "-m", "fastpool", "demo"],
-    ["python", "-Xfrozen_modules=off", "-m", "fastpool"],
-])
+@pytest.mark.parametrize(
+    "orig",
+    [
+        ["python", "-m", "fastpool", "doctor"],
+        ["python", "-mfastpool"],
+        ["python", "-P", "-m", "fastpool"],
+        ["python", "-Pm", "fastpool"],
+        ["python", "-X", "dev", "-W", "error", "-m", "fastpool", "demo"],
+        ["python", "-Xfrozen_modules=off", "-m", "fastpool"],
+    ],
+)
 def test_python_dash_m_fastpool_is_recognised(orig: list[str]) -> None:
     assert _install.launched_as_cli(["-m"], orig)
 
 
-@pytest.mark.parametrize("argv, orig", [
-    (["-m"], ["python", "-m", "pytest", "tests"]),           # another package imports fastpool
-    (["-m"], ["python", "-m", "fastpool.cli"]),
-    (["-c"], ["python", "-c", "import fastpool"]),
-    (["script.py"], ["python", "script.py", "-m", "fastpool"]),
-    (["-m"], ["python", "-c", "x", "-m", "fastpool"]),       # -c ends the options
-    (["-m"], ["python", "-X", "m", "-m", "other"]),          # -X's value is no option cluster
-])
+@pytest.mark.parametrize(
+    "argv, orig",
+    [
+        (["-m"], ["python", "-m", "pytest", "tests"]),  # another package imports fastpool
+        (["-m"], ["python", "-m", "fastpool.cli"]),
+        (["-c"], ["python", "-c", "import fastpool"]),
+        (["script.py"], ["python", "script.py", "-m", "fastpool"]),
+        (["-m"], ["python", "-c", "x", "-m", "fastpool"]),  # -c ends the options
+        (["-m"], ["python", "-X", "m", "-m", "other"]),  # -X's value is no option cluster
+    ],
+)
 def test_other_command_lines_are_not_the_cli(argv: list[str], orig: list[str]) -> None:
     assert not _install.launched_as_cli(argv, orig)
 
@@ -62,8 +68,11 @@ def test_a_shadowing_checkout_names_both_copies_and_the_fixes(tmp_path: Path) ->
     pkg = _checkout(tmp_path / "src")
     installed = tmp_path / "site" / "fastpool"
     installed.mkdir(parents=True)
-    (installed / "_core.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
-    text = _install.core_missing_message(ImportError("no _core"), pkg, [str(tmp_path / "src"), str(tmp_path / "site")])
+    (installed / "_native").mkdir()
+    (installed / "_native" / "_core.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    text = _install.core_missing_message(
+        ImportError("no _core"), pkg, [str(tmp_path / "src"), str(tmp_path / "site")]
+    )
     assert str(tmp_path / "src") in text and str(installed) in text
     assert "shadows" in text and "pip install -e ." in text and "PYTHONSAFEPATH=1" in text
 
@@ -76,9 +85,14 @@ def test_a_checkout_with_nothing_installed_says_to_build_it(tmp_path: Path) -> N
 
 def test_a_core_that_fails_to_load_is_blamed_on_the_build(tmp_path: Path) -> None:
     pkg = _checkout(tmp_path)
-    (pkg / "_core.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    (pkg / "_native").mkdir()
+    (pkg / "_native" / "_core.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
     text = _install.core_missing_message(ImportError("undefined symbol: fp_x"), pkg, [])
-    assert "failed to load" in text and "undefined symbol: fp_x" in text and "--force-reinstall" in text
+    assert (
+        "failed to load" in text
+        and "undefined symbol: fp_x" in text
+        and "--force-reinstall" in text
+    )
 
 
 def test_an_installed_package_without_core_says_to_reinstall(tmp_path: Path) -> None:
@@ -91,10 +105,27 @@ def test_an_installed_package_without_core_says_to_reinstall(tmp_path: Path) -> 
 # ---- the bench report ---------------------------------------------------------------------
 
 
-def _result(scenario: str, peer: str, rounds: list[float], variant: str = "", idiom: bool = False,
-            samples: list[float] | None = None) -> Result:
-    return Result(scenario, f"group {scenario}", peer, variant, idiom, 2, "rounds", "calls/s", 1.0,
-                  rounds=rounds, samples=samples or [])
+def _result(
+    scenario: str,
+    peer: str,
+    rounds: list[float],
+    variant: str = "",
+    idiom: bool = False,
+    samples: list[float] | None = None,
+) -> Result:
+    return Result(
+        scenario,
+        f"group {scenario}",
+        peer,
+        variant,
+        idiom,
+        2,
+        "rounds",
+        "calls/s",
+        1.0,
+        rounds=rounds,
+        samples=samples or [],
+    )
 
 
 RESULTS = [
@@ -119,7 +150,7 @@ def test_ratios_are_mp_pool_time_over_the_rows_and_the_geomean_takes_plain_rows(
     assert ratio[("a", "fastpool")] == 4.0 and ratio[("a", "fastpool [share]")] == 2.0
     assert ratio[("b", "loky")] == 0.5
     means = report.geomeans(RESULTS)
-    assert means["fastpool"] == (pytest.approx(4.0), 2)       # sqrt(4 * 4); [share] left out
+    assert means["fastpool"] == (pytest.approx(4.0), 2)  # sqrt(4 * 4); [share] left out
     assert means["loky"] == (pytest.approx(0.5), 1) and "mp.Pool" not in means
     text = report.table(RESULTS)
     assert "| **geometric mean** | fastpool | 2 scenarios |" in text and "4.00x" in text
@@ -130,8 +161,14 @@ def test_a_row_whose_rounds_spread_over_ten_percent_is_flagged() -> None:
     shaky = _result("s", "mp.Pool", [1.0, 1.5, 0.7])
     assert report.unstable([steady]) == []
     warning = report.unstable([steady, shaky])
-    assert len(warning) == 1 and "1 of 2 figures are unstable" in warning[0] and "mp.Pool" in warning[0]
-    rows = {line.split("|")[2].strip(): line for line in report.table([steady, shaky]).splitlines()[2:]}
+    assert (
+        len(warning) == 1
+        and "1 of 2 figures are unstable" in warning[0]
+        and "mp.Pool" in warning[0]
+    )
+    rows = {
+        line.split("|")[2].strip(): line for line in report.table([steady, shaky]).splitlines()[2:]
+    }
     assert "!" in rows["mp.Pool"] and "!" not in rows["**fastpool**"]
 
 
@@ -144,9 +181,19 @@ def test_json_round_trips_and_compare_marks_what_changed(tmp_path: Path) -> None
     path = tmp_path / "old.json"
     report.dump(RESULTS, {"fastpool": "0"}, {"quick": True}, str(path))
     old, doc = report.load(str(path))
-    assert doc["environment"] == {"fastpool": "0"} and [r.rounds for r in old] == [r.rounds for r in RESULTS]
-    new = [_result(r.scenario, r.peer, [x * (3 if r.peer == "loky" else 1) for x in r.rounds],
-                   r.variant, r.idiom) for r in RESULTS]
+    assert doc["environment"] == {"fastpool": "0"} and [r.rounds for r in old] == [
+        r.rounds for r in RESULTS
+    ]
+    new = [
+        _result(
+            r.scenario,
+            r.peer,
+            [x * (3 if r.peer == "loky" else 1) for x in r.rounds],
+            r.variant,
+            r.idiom,
+        )
+        for r in RESULTS
+    ]
     text = report.compare(old, new)
     loky = next(line for line in text.splitlines() if line.endswith("group b / loky |"))
     assert loky.startswith("| + |") and "| 3.00 |" in loky
@@ -155,7 +202,7 @@ def test_json_round_trips_and_compare_marks_what_changed(tmp_path: Path) -> None
 
 def test_compare_calls_a_change_within_the_rounds_spread_noise() -> None:
     before = [_result("n", "fastpool", [1.0, 1.0, 2.0])]
-    after = [_result("n", "fastpool", [1.5, 1.5, 1.5])]   # median x1.5, inside the old rounds' range
+    after = [_result("n", "fastpool", [1.5, 1.5, 1.5])]  # median x1.5, inside the old rounds' range
     text = report.compare(before, after)
     assert any(line.startswith("| ~ |") for line in text.splitlines())
     assert "noise, not a change" in text and "GOT SLOWER" not in text
@@ -186,8 +233,14 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch
 def test_quick_catalogue_leaves_out_256_mib_and_only_filters_by_id() -> None:
     quick = scenarios.catalog(["fastpool", "mp.Pool", "joblib"], quick=True)
     assert not any(c.extra.get("mib") == 256 for c in quick)
-    assert {c.peer for c in quick if c.scenario == "hop-1w"} == {"fastpool", "mp.Pool"}  # joblib: arrays only
-    assert {c.peer for c in quick if c.scenario.startswith("arrays")} >= {"joblib", scenarios.IN_PROCESS}
+    assert {c.peer for c in quick if c.scenario == "hop-1w"} == {
+        "fastpool",
+        "mp.Pool",
+    }  # joblib: arrays only
+    assert {c.peer for c in quick if c.scenario.startswith("arrays")} >= {
+        "joblib",
+        scenarios.IN_PROCESS,
+    }
     only = scenarios.catalog(["fastpool"], quick=True, only="hop-2w,start")
     assert {c.scenario for c in only} == {"hop-2w", "start"}
 
@@ -208,9 +261,13 @@ def test_user_inputs_from_an_expression_or_a_name() -> None:
 
 
 def test_chunk_candidates_aim_at_ten_ms_a_chunk() -> None:
-    assert user.chunk_candidates(1e-6, 100_000, 2) == [2500, 10_000, 40_000]   # 1 call alone is all hop
-    assert user.chunk_candidates(5e-3, 100, 2) == [1, 2, 8]                    # aim 2: x 1/4, 1, 4
-    assert max(user.chunk_candidates(1e-7, 1000, 2)) <= 500                    # never over n / workers
+    assert user.chunk_candidates(1e-6, 100_000, 2) == [
+        2500,
+        10_000,
+        40_000,
+    ]  # 1 call alone is all hop
+    assert user.chunk_candidates(5e-3, 100, 2) == [1, 2, 8]  # aim 2: x 1/4, 1, 4
+    assert max(user.chunk_candidates(1e-7, 1000, 2)) <= 500  # never over n / workers
 
 
 def test_results_compare_arrays_and_nans() -> None:
@@ -223,8 +280,9 @@ def test_results_compare_arrays_and_nans() -> None:
 
 
 def test_doctor_predicts_spawn_for_a_threaded_process_and_honours_the_switch(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from fastpool import _forksafe
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastpool._runtime import _forksafe
 
     monkeypatch.delenv("FASTPOOL_TEMPLATE_START", raising=False)
     monkeypatch.setattr(_forksafe, "rss_bytes", lambda: 50 << 20)
@@ -264,11 +322,20 @@ def test_the_commands_are_leaves_that_nothing_in_the_library_imports() -> None:
         if path.name == "__main__.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            assert not any(n.startswith(("fastpool.cli", "fastpool._bench")) for n in names), path.name
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not any(n.startswith(("fastpool.cli", "fastpool._bench")) for n in names), (
+                path.name
+            )
     # and _install, which __init__ runs before anything else loads, needs only the standard library
     tree = ast.parse((pkg / "_install.py").read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert {m.split(".")[0] for m in imported} <= set(__import__("sys").stdlib_module_names) | {"__future__"}
+    assert {m.split(".")[0] for m in imported} <= set(__import__("sys").stdlib_module_names) | {
+        "__future__"
+    }

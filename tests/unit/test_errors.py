@@ -18,18 +18,30 @@ from fastpool import errors
 SAMPLES: dict[type, BaseException] = {
     errors.FastPoolError: errors.FastPoolError("something went wrong"),
     errors.BrokenPool: errors.BrokenPool("the pool was shut down before this task ran"),
-    errors.WorkerCrashed: errors.WorkerCrashed(1, 4242, -9, 17, "function f(ndarray(3,) float64 24 B)"),
+    errors.WorkerCrashed: errors.WorkerCrashed(
+        1, 4242, -9, 17, "function f(ndarray(3,) float64 24 B)"
+    ),
     errors.PoisonTask: errors.PoisonTask(0, 4243, -11, 18, "killed two workers"),
     errors.WorkerHung: errors.WorkerHung(2, 4244, -9, 19, "no heartbeat for 10.2 s"),
     errors.WorkerMemoryError: errors.WorkerMemoryError(
-        3, 4245, -9, 20, "over the limit", reason="oom-killer", limit_bytes=2**30,
-        rss_bytes=2**30 + 5, peak_rss_bytes=2**31),
+        3,
+        4245,
+        -9,
+        20,
+        "over the limit",
+        reason="oom-killer",
+        limit_bytes=2**30,
+        rss_bytes=2**30 + 5,
+        peak_rss_bytes=2**31,
+    ),
     errors.InitializerError: errors.InitializerError("initializer raised ValueError: no config", 1),
     errors.TaskTimeout: errors.TaskTimeout(21, 2.5, 0),
     errors.CircuitOpen: errors.CircuitOpen(12.5, "died: SIGSEGV"),
     errors.PoolClosed: errors.PoolClosed(),
     errors.QueueFull: errors.QueueFull(512, 0.2),
-    errors.SerializationError: errors.SerializationError("argument 0 (lock)", "TypeError: cannot pickle"),
+    errors.SerializationError: errors.SerializationError(
+        "argument 0 (lock)", "TypeError: cannot pickle"
+    ),
     errors.RemoteError: errors.RemoteError("app.DbError", "the disk is on fire", "Traceback ...\n"),
     errors.DetachedBufferError: errors.DetachedBufferError("the array was transferred to task 3"),
     errors.SharedMemoryError: errors.SharedMemoryError("need 64 MiB of /dev/shm, 12 MiB free"),
@@ -74,8 +86,11 @@ def test_a_task_killed_for_time_is_not_a_wait_that_timed_out() -> None:
 
 
 def error_classes() -> list[type]:
-    return [obj for _, obj in inspect.getmembers(errors, inspect.isclass)
-            if issubclass(obj, BaseException) and obj.__module__ == errors.__name__]
+    return [
+        obj
+        for _, obj in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(obj, BaseException) and obj.__module__ == errors.__name__
+    ]
 
 
 def test_every_class_has_a_sample() -> None:
@@ -115,7 +130,11 @@ def test_facts_survive_the_round_trip_by_name() -> None:
     assert "OOM killer" in str(crashed)
     mem = pickle.loads(pickle.dumps(SAMPLES[errors.WorkerMemoryError]))
     assert (mem.reason, mem.limit_bytes, mem.rss_bytes, mem.peak_rss_bytes) == (
-        "oom-killer", 2**30, 2**30 + 5, 2**31)
+        "oom-killer",
+        2**30,
+        2**30 + 5,
+        2**31,
+    )
     assert "kernel's OOM killer" in str(mem)
     timeout = pickle.loads(pickle.dumps(SAMPLES[errors.TaskTimeout]))
     assert (timeout.task_id, timeout.timeout_s, timeout.worker_id) == (21, 2.5, 0)

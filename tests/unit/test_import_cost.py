@@ -33,12 +33,12 @@ NOT_AT_IMPORT = (
     "concurrent.futures.process",
     "subprocess",
     "fastpool.pool",
-    "fastpool._supervisor",
-    "fastpool._verdict",
-    "fastpool._memory",
-    "fastpool._sizing",
-    "fastpool._worker",
-    "fastpool._serve",
+    "fastpool._supervision._supervisor",
+    "fastpool._supervision._verdict",
+    "fastpool._supervision._memory",
+    "fastpool._supervision._sizing",
+    "fastpool._runtime._worker",
+    "fastpool._runtime._serve",
     "fastpool.cli",
     "fastpool.dask",
     "distributed",
@@ -48,9 +48,17 @@ NOT_AT_IMPORT = (
 def run_fresh(code: str, env: dict[str, str] | None = None) -> str:
     """``code`` in a new interpreter that has imported numpy; its stdout."""
     full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), full_env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-c", "import numpy\n" + textwrap.dedent(code)],
-                          capture_output=True, text=True, env=full_env, timeout=120, check=False)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(TESTS), full_env.get("PYTHONPATH")) if p
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import numpy\n" + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -69,15 +77,26 @@ def test_import_fastpool_loads_none_of_what_it_defers() -> None:
 
 def test_the_checks_here_do_see_a_loaded_module() -> None:
     # The claims above are absences; this shows the reader finds what is there.
-    assert loaded_after("import fastpool", ("fastpool", "fastpool._core", "fastpool.errors")) == {
-        "fastpool", "fastpool._core", "fastpool.errors"}
+    assert loaded_after(
+        "import fastpool", ("fastpool", "fastpool._native._core", "fastpool.errors")
+    ) == {"fastpool", "fastpool._native._core", "fastpool.errors"}
 
 
 def test_naming_pool_loads_the_machinery_and_not_the_extras() -> None:
     loaded = loaded_after("from fastpool import Pool", NOT_AT_IMPORT)
-    assert {"fastpool.pool", "fastpool._supervisor"} <= loaded
-    assert loaded.isdisjoint({"psutil", "cloudpickle", "threadpoolctl", "asyncio", "multiprocessing",
-                              "concurrent.futures.process", "fastpool._worker", "fastpool._serve"})
+    assert {"fastpool.pool", "fastpool._supervision._supervisor"} <= loaded
+    assert loaded.isdisjoint(
+        {
+            "psutil",
+            "cloudpickle",
+            "threadpoolctl",
+            "asyncio",
+            "multiprocessing",
+            "concurrent.futures.process",
+            "fastpool._runtime._worker",
+            "fastpool._runtime._serve",
+        }
+    )
 
 
 def test_every_public_name_resolves_and_is_listed() -> None:
@@ -110,7 +129,9 @@ def test_a_crash_pickled_elsewhere_is_caught_by_a_fresh_process() -> None:
     # unpickling makes it, and `except fastpool.WorkerCrashed` catches the result.
     from fastpool import errors
 
-    crash = errors.WorkerMemoryError(3, 4245, -9, 20, "over", reason="oom-killer", limit_bytes=2**30)
+    crash = errors.WorkerMemoryError(
+        3, 4245, -9, 20, "over", reason="oom-killer", limit_bytes=2**30
+    )
     data = pickle.dumps(crash)
     out = run_fresh(f"""
         import pickle, sys
@@ -142,21 +163,40 @@ _FIRST_POOL = """
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="psutil is the reader where /proc is not")
+@pytest.mark.skipif(
+    not Path("/proc/self/statm").exists(), reason="psutil is the reader where /proc is not"
+)
 def test_a_first_pool_that_sampled_memory_has_not_imported_psutil_or_cloudpickle() -> None:
-    names = ("psutil", "cloudpickle", "threadpoolctl", "concurrent.futures.process", "multiprocessing")
+    names = (
+        "psutil",
+        "cloudpickle",
+        "threadpoolctl",
+        "concurrent.futures.process",
+        "multiprocessing",
+    )
     assert loaded_after(_FIRST_POOL, names) == set()
 
 
 def test_a_spawned_template_does_not_load_the_parents_machinery() -> None:
     # The template imports this package too; what it has, every worker forks with.
-    out = run_fresh("""
+    out = run_fresh(
+        """
         import fastpool
         with fastpool.Pool(1) as pool:
             names = pool.submit(eval, "sorted(__import__('sys').modules)").result(timeout=120)
         print(" ".join(names))
-    """, env={"FASTPOOL_TEMPLATE_START": "spawn"})
+    """,
+        env={"FASTPOOL_TEMPLATE_START": "spawn"},
+    )
     in_worker = set(out.split())
-    assert {"fastpool", "fastpool._worker", "numpy"} <= in_worker
-    assert in_worker.isdisjoint({"fastpool.pool", "fastpool._supervisor", "fastpool._verdict",
-                                 "fastpool._sizing", "concurrent.futures.process", "psutil"})
+    assert {"fastpool", "fastpool._runtime._worker", "numpy"} <= in_worker
+    assert in_worker.isdisjoint(
+        {
+            "fastpool.pool",
+            "fastpool._supervision._supervisor",
+            "fastpool._supervision._verdict",
+            "fastpool._supervision._sizing",
+            "concurrent.futures.process",
+            "psutil",
+        }
+    )

@@ -1,11 +1,22 @@
-"""Imports point one way (STYLE.md section 1): csrc <- _core <- internal modules <- pool.py, __init__.
+"""Imports point one way, and the folders show the layers (STYLE.md section 1).
 
-The rules are data (``RULES``): a module's stem, what it may or must not import, and why.
-Every .py, .pyx and .pxd file in the package is read, so a module added later is checked
-as soon as its file exists: a rule about ``_dispatch`` or ``_verdict`` has no case until
-the file is there, and then it runs, never skips. A compiled file (.pyx/.pxd) whose stem
-is not in ``COMPILED_LAYERS`` fails ``test_every_compiled_file_has_a_layer``, so a new
-extension module must be placed before it can be merged.
+    fastpool/errors.py          under everything; the standard library only
+    fastpool/_native/           the shared-memory core: board and rings, arena, allocator hook
+    fastpool/_runtime/          what runs tasks: task records, dispatcher, codec, worker loop,
+                                the template that forks workers
+    fastpool/_supervision/      worker processes, deaths, memory, policy, verdicts, sizing
+    fastpool/telemetry.py       stats and crash records, fed by supervision
+    fastpool/_integrations/     asyncio, progress, the Dask worker side
+    fastpool/pool.py, __init__, dask.py ...   the public facades
+    fastpool/cli/, _bench/      the tools
+
+A module may import (or cimport) only modules of its own layer or the layers below
+(``LAYERS``), except for the few edges in ``UPWARD`` each with its reason. The finer rules
+(``RULES``) keep the compiled modules in cimport order, the pure modules free of process
+machinery, and the worker's loop out of the parent. Every .py, .pyx and .pxd file in the
+package, sub-packages included, is read, so a module added later is checked as soon as its
+file exists; a compiled file (.pyx/.pxd) missing from ``COMPILED_LAYERS`` fails
+``test_every_compiled_file_has_a_layer``, so a new extension must be placed before merging.
 
 Python files are read with ``ast`` (function-level imports included); Cython files line
 by line, keeping ``cimport`` (compile-time .pxd declarations) apart from ``import`` (a
@@ -25,34 +36,136 @@ import pytest
 import fastpool
 
 PKG = Path(fastpool.__file__).parent
-SOURCES = sorted(p for p in PKG.iterdir() if p.suffix in (".py", ".pyx", ".pxd"))
-SUBMODULES = {p.stem for p in SOURCES if p.stem != "__init__"}
+SOURCES = sorted(p for p in PKG.rglob("*") if p.suffix in (".py", ".pyx", ".pxd"))
+
+
+def module_of(path: Path) -> str:
+    """The dotted name of a source file: fastpool/_native/_core.pyx -> fastpool._native._core."""
+    parts = list(path.relative_to(PKG).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["fastpool", *parts])
+
+
+MODULES = frozenset(module_of(p) for p in SOURCES)
 
 
 # ---- the rules --------------------------------------------------------------------------
 
+# Layers, lowest first, by the first name under fastpool.
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "_native": 1,
+    "_runtime": 2,
+    "_supervision": 3,
+    "telemetry": 3,
+    "_integrations": 4,
+    "pool": 5,
+    "__init__": 5,
+    "__main__": 5,
+    "dask": 5,
+    "joblib": 5,
+    "mp": 5,
+    "cli": 6,
+    "_bench": 6,
+}
+
+# Edges against the grain, each with the reason it is allowed.
+UPWARD: dict[tuple[str, str], str] = {
+    (
+        "fastpool._runtime._call",
+        "fastpool._supervision._policy",
+    ): "a call's options (TaskOptions) are pure policy data, no process machinery",
+    (
+        "fastpool._integrations._dask_worker",
+        "fastpool.pool",
+    ): "the Dask plugin makes a Pool in each Dask worker",
+    ("fastpool.__main__", "fastpool.cli"): "python -m fastpool is the CLI",
+}
+
+
+def layer_of(module: str) -> int | None:
+    if module == "fastpool":
+        return LAYERS["__init__"]
+    return LAYERS.get(module.split(".")[1])
+
+
 # Compiled modules, lowest first: each may cimport the .pxd of the ones before it.
 # The shared-memory layer imports nothing from fastpool at run time but errors; the
 # hot paths above it may also use the codec, the call helpers and lazy imports.
-COMPILED_LAYERS = ["_sys", "_shm", "_core", "_arena", "_alloc", "_task", "_dispatch", "_control", "_serve"]
-SHARED_MEMORY_LAYER = frozenset({"_sys", "_shm", "_core", "_arena", "_alloc"})
-HOT_PATH_IMPORTS = frozenset({"fastpool.errors", "fastpool._codec", "fastpool._call", "fastpool._lazy"})
+COMPILED_LAYERS = [
+    "fastpool._native._sys",
+    "fastpool._native._shm",
+    "fastpool._native._core",
+    "fastpool._native._arena",
+    "fastpool._native._alloc",
+    "fastpool._runtime._task",
+    "fastpool._runtime._slots",
+    "fastpool._runtime._dispatch",
+    "fastpool._runtime._control",
+    "fastpool._runtime._serve",
+]
+SHARED_MEMORY_LAYER = frozenset(m for m in COMPILED_LAYERS if m.startswith("fastpool._native."))
+HOT_PATH_IMPORTS = frozenset(
+    {
+        "fastpool.errors",
+        "fastpool._runtime._codec",
+        "fastpool._runtime._call",
+        "fastpool._runtime._lazy",
+        "fastpool._runtime._arrays",
+        "fastpool._runtime._events",
+    }
+)
 
 # What the process machinery is, for the modules that must stay pure functions of their inputs.
-MACHINERY = frozenset({
-    "fastpool",  # the package: loads pool.py
-    "fastpool.pool", "fastpool._worker", "fastpool._template", "fastpool._supervisor",
-    "fastpool._core", "fastpool._arena", "fastpool._task", "fastpool._dispatch", "fastpool._control",
-    "fastpool._serve", "fastpool._codec",
-    "multiprocessing", "subprocess",
-})
-
-# Modules the restructuring adds (STYLE.md layout); their rules apply once their files exist.
-PLANNED = frozenset({"_dispatch", "_supervisor", "_verdict", "_call", "telemetry"})
+MACHINERY = frozenset(
+    {
+        "fastpool",  # the package: loads pool.py
+        "fastpool.pool",
+        "fastpool._runtime._worker",
+        "fastpool._runtime._template",
+        "fastpool._supervision._supervisor",
+        "fastpool._native._core",
+        "fastpool._native._arena",
+        "fastpool._runtime._task",
+        "fastpool._runtime._dispatch",
+        "fastpool._runtime._control",
+        "fastpool._runtime._slots",
+        "fastpool._runtime._serve",
+        "fastpool._runtime._codec",
+        "multiprocessing",
+        "subprocess",
+    }
+)
+PURE = (
+    "fastpool._supervision._policy",
+    "fastpool._supervision._sizing",
+    "fastpool._supervision._memory",
+    "fastpool._supervision._verdict",
+)
+PARENT = (
+    "fastpool.pool",
+    "fastpool._supervision._supervisor",
+    "fastpool._runtime._task",
+    "fastpool._runtime._dispatch",
+    "fastpool._runtime._control",
+    "fastpool._runtime._slots",
+    "fastpool.telemetry",
+)
 
 # The top of the stack: the only modules that may import the facade (the Dask plugin
-# makes a Pool in each Dask worker, and the Executor is a facade of its own).
-FACADE = frozenset({"__init__", "__main__", "_demo", "pool", "dask", "_dask_worker"})
+# makes a Pool in each Dask worker, and the other facades wrap a Pool).
+FACADE = frozenset(
+    {
+        "fastpool",
+        "fastpool.__main__",
+        "fastpool.pool",
+        "fastpool.dask",
+        "fastpool.joblib",
+        "fastpool.mp",
+        "fastpool._integrations._dask_worker",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -64,35 +177,63 @@ class Rule:
     must_not_import: frozenset[str] = frozenset()
 
 
-def _compiled_rule(stem: str) -> Rule:
-    below = COMPILED_LAYERS[:COMPILED_LAYERS.index(stem)]
-    if stem in SHARED_MEMORY_LAYER:
+def _compiled_rule(module: str) -> Rule:
+    below = COMPILED_LAYERS[: COMPILED_LAYERS.index(module)]
+    if module in SHARED_MEMORY_LAYER:
         runtime, what = frozenset({"fastpool.errors"}), "errors"
     else:
-        runtime = HOT_PATH_IMPORTS | frozenset(f"fastpool.{m}" for m in below)
+        runtime = HOT_PATH_IMPORTS | frozenset(below)
         what = "errors, the codec, the call helpers and the compiled modules below it"
     return Rule(
-        why=f"{stem} is compiled: it sees {what} at run time and the declarations of {below or 'nothing'}",
+        why=f"{module} is compiled: it sees {what} at run time and the declarations of "
+        f"{[m.rsplit('.', 1)[1] for m in below] or 'nothing'}",
         may_import=runtime,
-        may_cimport=frozenset(f"fastpool.{m}" for m in below),
+        may_cimport=frozenset(below),
     )
 
 
 RULES: list[tuple[str, Rule]] = [
-    ("errors", Rule("errors sits under everything and crosses processes", stdlib_only=True)),
-    *((stem, _compiled_rule(stem)) for stem in COMPILED_LAYERS),
-    *((stem, Rule("policy, sizing, memory and verdicts are pure: tested without processes",
-                  must_not_import=MACHINERY))
-      for stem in ("_policy", "_sizing", "_memory", "_verdict")),
-    *((stem, Rule("the parent never imports the worker's loop",
-                  must_not_import=frozenset({"fastpool._worker", "fastpool._serve"})))
-      for stem in ("pool", "_supervisor", "_task", "_dispatch", "_control", "telemetry")),
-    *((stem, Rule("internal modules sit under the facade",
-                  must_not_import=frozenset({"fastpool", "fastpool.pool"})))
-      for stem in sorted((SUBMODULES | PLANNED) - FACADE)),
+    (
+        "fastpool.errors",
+        Rule("errors sits under everything and crosses processes", stdlib_only=True),
+    ),
+    *((m, _compiled_rule(m)) for m in COMPILED_LAYERS),
+    *(
+        (
+            m,
+            Rule(
+                "policy, sizing, memory and verdicts are pure: tested without processes",
+                must_not_import=MACHINERY,
+            ),
+        )
+        for m in PURE
+    ),
+    *(
+        (
+            m,
+            Rule(
+                "the parent never imports the worker's loop",
+                must_not_import=frozenset(
+                    {"fastpool._runtime._worker", "fastpool._runtime._serve"}
+                ),
+            ),
+        )
+        for m in PARENT
+    ),
+    *(
+        (
+            m,
+            Rule(
+                "internal modules sit under the facade",
+                must_not_import=frozenset({"fastpool", "fastpool.pool"}),
+            ),
+        )
+        for m in sorted(MODULES - FACADE)
+        if layer_of(m) is not None and layer_of(m) < LAYERS["pool"]
+    ),
 ]
 
-# (file, forbidden import) pairs known to break a rule today, with the change that
+# (module, forbidden import) pairs known to break a rule today, with the change that
 # fixes them. Strict xfail: the day the import goes, the test fails until the entry goes.
 PENDING: dict[tuple[str, str], str] = {}
 
@@ -106,29 +247,33 @@ class Imports:
     cimports: frozenset[str]  # .pxd declarations read at compile time (Cython only)
 
 
-def _resolve(module: str | None, level: int, names: list[str]) -> set[str]:
-    """The modules one import statement names, as dotted names (fastpool.X for submodules).
+def _resolve(
+    module: str | None, level: int, names: list[str], package: str = "fastpool"
+) -> set[str]:
+    """The modules one import statement names, as dotted names.
 
-    Every module checked here sits directly in the package, so a relative import
-    (``from . import errors``, ``from .errors import X``) is relative to fastpool."""
+    ``from fastpool._runtime import _codec`` names the submodule ``fastpool._runtime._codec``;
+    ``from fastpool import Pool`` names the package itself (and with it pool.py). A relative
+    import is relative to ``package``, the importing file's own package."""
     if level:
-        module = ".".join(["fastpool"] + ([module] if module else []))
+        base = package.split(".")
+        base = base[: len(base) - (level - 1)]
+        module = ".".join(base + ([module] if module else []))
     assert module is not None
-    if module == "fastpool":
-        # `from fastpool import errors` loads the submodule; `from fastpool import Pool`
-        # loads the package itself (and with it pool.py).
-        return {f"fastpool.{n}" if n in SUBMODULES else "fastpool" for n in names}
+    if module == "fastpool" or module in MODULES:
+        subs = {f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES}
+        return subs | ({module} if len(subs) < len(names) else set())
     return {module}
 
 
-def python_imports(path: Path) -> Imports:
+def python_imports(path: Path, package: str = "fastpool") -> Imports:
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            found |= _resolve(node.module, node.level, [a.name for a in node.names])
+            found |= _resolve(node.module, node.level, [a.name for a in node.names], package)
     return Imports(frozenset(found), frozenset())
 
 
@@ -144,7 +289,9 @@ def _logical_lines(text: str):
     lines = iter(text.splitlines())
     for line in lines:
         line = line.split("#", 1)[0].rstrip()
-        while _IMPORT_START.match(line) and (line.endswith("\\") or line.count("(") > line.count(")")):
+        while _IMPORT_START.match(line) and (
+            line.endswith("\\") or line.count("(") > line.count(")")
+        ):
             nxt = next(lines, None)
             if nxt is None:
                 break
@@ -152,14 +299,14 @@ def _logical_lines(text: str):
         yield line
 
 
-def cython_imports(path: Path) -> Imports:
+def cython_imports(path: Path, package: str = "fastpool") -> Imports:
     runtime: set[str] = set()
     cimports: set[str] = set()
     for line in _logical_lines(path.read_text()):
         if m := _PYX_FROM.match(line):
             dots, module, kind, names = m.groups()
             listed = [n.strip().split(" as ")[0].strip("() ") for n in names.split(",")]
-            mods = _resolve(module or None, len(dots), [n for n in listed if n])
+            mods = _resolve(module or None, len(dots), [n for n in listed if n], package)
         elif m := _PYX_IMPORT.match(line):
             kind = m.group(1)
             mods = {n.strip().split(" as ")[0].strip() for n in m.group(2).split(",")}
@@ -169,8 +316,11 @@ def cython_imports(path: Path) -> Imports:
     return Imports(frozenset(runtime), frozenset(cimports))
 
 
-def imports_of(path: Path) -> Imports:
-    return python_imports(path) if path.suffix == ".py" else cython_imports(path)
+def imports_of(path: Path, module: str | None = None) -> Imports:
+    module = module_of(path) if module is None else module
+    package = module if path.stem == "__init__" else module.rsplit(".", 1)[0]
+    read = python_imports if path.suffix == ".py" else cython_imports
+    return read(path, package)
 
 
 def fastpool_modules(names: frozenset[str]) -> set[str]:
@@ -183,7 +333,8 @@ def fastpool_modules(names: frozenset[str]) -> set[str]:
 def test_the_python_reader_sees_known_imports() -> None:
     # The claims below are about absences; these show the readers do find things.
     found = python_imports(PKG / "pool.py").runtime
-    assert {"fastpool._core", "fastpool.errors", "fastpool._policy"} <= found
+    assert {"fastpool._native._core", "fastpool.errors", "fastpool._supervision._policy"} <= found
+    assert "fastpool._runtime" not in found  # `from fastpool._runtime import _codec` names _codec
 
 
 def test_the_cython_reader_tells_cimports_from_imports(tmp_path: Path) -> None:
@@ -192,30 +343,49 @@ def test_the_cython_reader_tells_cimports_from_imports(tmp_path: Path) -> None:
         "import os  # from fastpool import pool\n"
         "from libc.stdint cimport uint32_t\n"
         "from fastpool import errors\n"
-        "from fastpool._sys cimport (\n"
+        "from fastpool._native._sys cimport (\n"
         "    fp_ring_t,\n"
         "    fp_board_t,   # a comment inside the list\n"
         ")\n"
         "from . cimport _core\n"
-        "cimport fastpool._arena as arena\n"
-        "from fastpool._template \\\n"
+        "cimport fastpool._native._arena as arena\n"
+        "from fastpool._runtime._template \\\n"
         "    import template\n"
-        "    from fastpool import _worker\n"  # an import inside a function
+        "    from fastpool._runtime import _worker\n"  # an import inside a function
     )
-    found = cython_imports(src)
-    assert found.runtime == {"os", "fastpool.errors", "fastpool._template", "fastpool._worker"}
-    assert found.cimports == {"libc.stdint", "fastpool._sys", "fastpool._core", "fastpool._arena"}
+    found = cython_imports(src, "fastpool._native")
+    assert found.runtime == {
+        "os",
+        "fastpool.errors",
+        "fastpool._runtime._template",
+        "fastpool._runtime._worker",
+    }
+    assert found.cimports == {
+        "libc.stdint",
+        "fastpool._native._sys",
+        "fastpool._native._core",
+        "fastpool._native._arena",
+    }
 
 
 def test_python_and_cython_sources_are_all_found() -> None:
     assert {".py", ".pyx", ".pxd"} <= {p.suffix for p in SOURCES}
-    assert {"errors.py", "_core.pyx", "_arena.pyx", "_sys.pxd"} <= {p.name for p in SOURCES}
+    assert {
+        "fastpool.errors",
+        "fastpool._native._core",
+        "fastpool._native._arena",
+        "fastpool._native._sys",
+        "fastpool._runtime._dispatch",
+    } <= MODULES
 
 
 def test_every_compiled_file_has_a_layer() -> None:
-    compiled = {p.name for p in SOURCES if p.suffix in (".pyx", ".pxd")}
-    unplaced = {name for name in compiled if Path(name).stem not in COMPILED_LAYERS}
-    assert unplaced == set(), f"add these to COMPILED_LAYERS in {__file__}"
+    compiled = {module_of(p) for p in SOURCES if p.suffix in (".pyx", ".pxd")}
+    assert compiled - set(COMPILED_LAYERS) == set(), f"add these to COMPILED_LAYERS in {__file__}"
+
+
+def test_every_module_sits_in_a_layer() -> None:
+    assert {m for m in MODULES if layer_of(m) is None} == set(), f"add them to LAYERS in {__file__}"
 
 
 # ---- the rules hold --------------------------------------------------------------------------
@@ -224,20 +394,25 @@ def test_every_compiled_file_has_a_layer() -> None:
 def _cases() -> list:
     cases = []
     for path in SOURCES:
-        for stem, rule in RULES:
-            if path.stem != stem:
+        for module, rule in RULES:
+            if module_of(path) != module:
                 continue
-            pending = [why for (name, mod), why in PENDING.items()
-                       if name == path.name and mod in rule.must_not_import]
+            pending = [
+                why
+                for (name, mod), why in PENDING.items()
+                if name == module and mod in rule.must_not_import
+            ]
             marks = [pytest.mark.xfail(strict=True, reason="; ".join(pending))] if pending else []
-            cases.append(pytest.param(path, rule, id=f"{path.name}: {rule.why}", marks=marks))
+            cases.append(
+                pytest.param(path, module, rule, id=f"{path.name}: {rule.why}", marks=marks)
+            )
     return cases
 
 
-@pytest.mark.parametrize("path, rule", _cases())
-def test_imports_follow_the_layering(path: Path, rule: Rule) -> None:
-    found = imports_of(path)
-    own = {f"fastpool.{path.stem}"}  # a .pyx cimports its own .pxd
+@pytest.mark.parametrize("path, module, rule", _cases())
+def test_imports_follow_the_rules(path: Path, module: str, rule: Rule) -> None:
+    found = imports_of(path, module)
+    own = {module}  # a .pyx cimports its own .pxd
     if rule.stdlib_only:
         outside = {m for m in found.runtime if m.split(".")[0] not in sys.stdlib_module_names}
         assert outside - {"__future__"} == set(), rule.why
@@ -248,31 +423,75 @@ def test_imports_follow_the_layering(path: Path, rule: Rule) -> None:
     assert (found.runtime | found.cimports) & rule.must_not_import == set(), rule.why
 
 
+def _upward(path: Path, module: str) -> set[str]:
+    found = imports_of(path, module)
+    mine = layer_of(module)
+    assert mine is not None, module
+    return {
+        m
+        for m in fastpool_modules(found.runtime | found.cimports)
+        if (layer_of(m) or 0) > mine and (module, m) not in UPWARD
+    }
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[module_of(p) for p in SOURCES])
+def test_imports_point_down_the_layers(path: Path) -> None:
+    assert _upward(path, module_of(path)) == set(), "an import against the layers: see LAYERS"
+
+
 def test_the_rules_name_real_modules_or_planned_ones() -> None:
-    assert {stem for stem, _ in RULES} <= SUBMODULES | PLANNED
-    assert {name for name, _ in PENDING} <= {p.name for p in SOURCES}
+    planned = {
+        "fastpool._runtime._slots",
+        "fastpool._runtime._control",
+        "fastpool._runtime._arrays",
+        "fastpool._runtime._events",
+    }
+    assert {m for m, _ in RULES} <= MODULES | planned
+    assert {a for a, _ in UPWARD} <= MODULES
+    assert {name for name, _ in PENDING} <= MODULES
 
 
-@pytest.mark.parametrize("name, text", [
-    ("errors.py", "import numpy\n"),
-    ("_core.pyx", "from fastpool._arena cimport Arena\n"),  # a cimport of a layer above
-    ("_core.pxd", "from fastpool import _codec\n"),
-    ("_arena.pyx", "from fastpool._dispatch cimport Dispatcher\n"),
-    ("_sys.pxd", "from fastpool._core cimport Board\n"),
-    ("_memory.py", "def f():\n    from fastpool import _template\n"),
-    ("_verdict.py", "import subprocess\n"),
-    ("_dispatch.pyx", "from fastpool._worker import main\n"),
-    ("telemetry.py", "from fastpool import Pool\n"),
-])
-def test_a_broken_rule_is_caught(tmp_path: Path, name: str, text: str) -> None:
-    path = tmp_path / name
+@pytest.mark.parametrize(
+    "module, suffix, text",
+    [
+        ("fastpool.errors", ".py", "import numpy\n"),
+        ("fastpool._native._core", ".pyx", "from fastpool._native._arena cimport Arena\n"),
+        ("fastpool._native._core", ".pxd", "from fastpool._runtime import _codec\n"),
+        ("fastpool._native._arena", ".pyx", "from fastpool._runtime._dispatch cimport Dispatch\n"),
+        ("fastpool._native._sys", ".pxd", "from fastpool._native._core cimport Board\n"),
+        (
+            "fastpool._supervision._memory",
+            ".py",
+            "def f():\n    from fastpool._runtime import _template\n",
+        ),
+        ("fastpool._supervision._verdict", ".py", "import subprocess\n"),
+        ("fastpool._runtime._dispatch", ".pyx", "from fastpool._runtime._worker import main\n"),
+        ("fastpool.telemetry", ".py", "from fastpool import Pool\n"),
+    ],
+)
+def test_a_broken_rule_is_caught(tmp_path: Path, module: str, suffix: str, text: str) -> None:
+    path = tmp_path / (module.rsplit(".", 1)[1] + suffix)
     path.write_text(text)
-    rules = [rule for stem, rule in RULES if stem == path.stem]
-    assert rules, f"no rule covers {name}"
+    rules = [rule for name, rule in RULES if name == module]
+    assert rules, f"no rule covers {module}"
     broken = 0
     for rule in rules:
         try:
-            test_imports_follow_the_layering(path, rule)
+            test_imports_follow_the_rules(path, module, rule)
         except AssertionError:
             broken += 1
     assert broken
+
+
+@pytest.mark.parametrize(
+    "module, text",
+    [
+        ("fastpool._native._arena", "from fastpool._supervision import _sizing\n"),
+        ("fastpool._runtime._codec", "from fastpool._integrations import _progress\n"),
+        ("fastpool._supervision._supervisor", "import fastpool.cli\n"),
+    ],
+)
+def test_an_import_against_the_layers_is_caught(tmp_path: Path, module: str, text: str) -> None:
+    path = tmp_path / "sample.py"
+    path.write_text(text)
+    assert _upward(path, module)

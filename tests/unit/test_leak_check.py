@@ -42,11 +42,19 @@ def test_a_real_pipe_left_open_is_seen() -> None:
 def test_an_orphaned_grandchild_is_still_a_descendant() -> None:
     # The session is a child subreaper: when the middle process exits, its child is
     # re-parented to this process, not to init, so the leak check still sees it.
-    code = ("import os, time\npid = os.fork()\n"
-            "if pid == 0:\n    os.close(1)\n    time.sleep(60)\n"  # lets run() see EOF
-            "else:\n    print(pid)\n")
-    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                         text=True, timeout=30, check=True)
+    code = (
+        "import os, time\npid = os.fork()\n"
+        "if pid == 0:\n    os.close(1)\n    time.sleep(60)\n"  # lets run() see EOF
+        "else:\n    print(pid)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     orphan = int(out.stdout)
     try:
         assert orphan in _descendants()

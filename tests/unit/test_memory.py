@@ -10,8 +10,8 @@ import numpy as np
 import psutil
 import pytest
 
-from fastpool import _memory
-from fastpool._memory import (
+from fastpool._supervision import _memory
+from fastpool._supervision._memory import (
     MemorySample,
     OomEvidence,
     ProcessMemory,
@@ -52,7 +52,9 @@ def make_root(
     return tmp_path
 
 
-def hybrid(tmp_path: Path, v1_files: dict[str, str], v2_files: dict[str, str] | None = None) -> Path:
+def hybrid(
+    tmp_path: Path, v1_files: dict[str, str], v2_files: dict[str, str] | None = None
+) -> Path:
     files = {f"/sys/fs/cgroup/memory/pool/w1/{k}": v for k, v in v1_files.items()}
     files |= {f"/sys/fs/cgroup/unified/{k}": v for k, v in (v2_files or {}).items()}
     files.setdefault("/sys/fs/cgroup/unified/cgroup.procs", "")
@@ -91,8 +93,12 @@ def fake_proc(tmp_path: Path, pid: int | str, status: str) -> Path:
 
 def test_owned_memory_is_rss_less_shared_memory() -> None:
     mem = parse_status(STATUS)
-    assert mem == ProcessMemory(rss_bytes=700000 * 1024, anon_bytes=150000 * 1024,
-                                file_bytes=50000 * 1024, shmem_bytes=500000 * 1024)
+    assert mem == ProcessMemory(
+        rss_bytes=700000 * 1024,
+        anon_bytes=150000 * 1024,
+        file_bytes=50000 * 1024,
+        shmem_bytes=500000 * 1024,
+    )
     assert mem.owned_bytes == 200000 * 1024  # a 500 MB shared array read is not the worker's
     assert mem.owned_bytes == mem.anon_bytes + mem.file_bytes  # type: ignore[operator]
 
@@ -345,7 +351,11 @@ def test_explanations_are_one_line(args: tuple) -> None:
 
 def test_oom_evidence_judges_like_judge_sigkill_and_names_its_scope() -> None:
     ev = OomEvidence(
-        before_count=1, after_count=2, last_rss_bytes=MiB, limit_bytes=None, sent_by_pool=False,
+        before_count=1,
+        after_count=2,
+        last_rss_bytes=MiB,
+        limit_bytes=None,
+        sent_by_pool=False,
         scope="system",
     )
     confirmed, why = ev.judge()
@@ -388,7 +398,9 @@ def test_sampling_records_what_the_worker_owns_not_its_rss(tmp_path: Path) -> No
     first = wm.sample(10.0)
     assert first == MemorySample(4242, 200000 * 1024, 10.0, 700000 * 1024, 500000 * 1024)
     assert not wm.over_limit(300000 * 1024)  # RSS is 700 000 kB, but 500 000 kB of it is shared
-    fake_proc(tmp_path, 4242, STATUS.replace("150000 kB", "450000 kB").replace(" 700000 kB", "1000000 kB"))
+    fake_proc(
+        tmp_path, 4242, STATUS.replace("150000 kB", "450000 kB").replace(" 700000 kB", "1000000 kB")
+    )
     assert wm.sample(11.0).owned_bytes == 500000 * 1024  # type: ignore[union-attr]
     assert wm.over_limit(300000 * 1024)
     assert (wm.samples, wm.baseline_bytes, wm.peak_bytes) == (2, 200000 * 1024, 500000 * 1024)

@@ -26,7 +26,17 @@ ROOT = Path(__file__).resolve().parents[2]
 NATIVE_DIR = ROOT / "tests" / "native"
 CSRC_DIR = ROOT / "csrc"
 
-CFLAGS = ["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", f"-I{CSRC_DIR}", "-pthread"]
+CFLAGS = [
+    "-std=c11",
+    "-O1",
+    "-g",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-D_GNU_SOURCE",
+    f"-I{CSRC_DIR}",
+    "-pthread",
+]
 SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
 BUILDS = {"plain": [], "asan": SANITIZE_FLAGS}
 COMPILE_TIMEOUT_S = 120
@@ -55,7 +65,9 @@ def _marks(src: Path) -> list[pytest.MarkDecorator]:
         return []
     return [
         pytest.mark.linux,
-        pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux futex and fork semantics"),
+        pytest.mark.skipif(
+            not sys.platform.startswith("linux"), reason="needs Linux futex and fork semantics"
+        ),
     ]
 
 
@@ -85,8 +97,12 @@ def sanitizers_link(tmp_path_factory: pytest.TempPathFactory) -> str | None:
     d = tmp_path_factory.mktemp("sanitizer_probe")
     (d / "probe.c").write_text("int main(void) { return 0; }\n")
     try:
-        build = subprocess.run([GCC, *SANITIZE_FLAGS, str(d / "probe.c"), "-o", str(d / "probe")],
-                               capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        build = subprocess.run(
+            [GCC, *SANITIZE_FLAGS, str(d / "probe.c"), "-o", str(d / "probe")],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+        )
         if build.returncode != 0:
             return f"gcc cannot link -fsanitize=address,undefined: {build.stderr.strip()[:500]}"
         run = _run([str(d / "probe")], env={**os.environ, **SANITIZER_ENV})
@@ -98,7 +114,9 @@ def sanitizers_link(tmp_path_factory: pytest.TempPathFactory) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def native_binary(tmp_path_factory: pytest.TempPathFactory, sanitizers_link: str | None) -> Callable[[Path, str], Path]:
+def native_binary(
+    tmp_path_factory: pytest.TempPathFactory, sanitizers_link: str | None
+) -> Callable[[Path, str], Path]:
     """build(src, kind) -> the compiled binary, built once per session and kind.
 
     A compile error fails every test of that file with gcc's output."""
@@ -113,9 +131,15 @@ def native_binary(tmp_path_factory: pytest.TempPathFactory, sanitizers_link: str
         key = (src, kind)
         if key not in built:
             exe = out_dir / f"{src.stem}-{kind}"
-            proc = subprocess.run([GCC, *CFLAGS, *BUILDS[kind], str(src), "-o", str(exe)],
-                                  capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-            built[key] = exe if proc.returncode == 0 else _describe(proc, f"gcc ({kind}) {src.name}")
+            proc = subprocess.run(
+                [GCC, *CFLAGS, *BUILDS[kind], str(src), "-o", str(exe)],
+                capture_output=True,
+                text=True,
+                timeout=COMPILE_TIMEOUT_S,
+            )
+            built[key] = (
+                exe if proc.returncode == 0 else _describe(proc, f"gcc ({kind}) {src.name}")
+            )
         result = built[key]
         if isinstance(result, str):
             pytest.fail(result, pytrace=False)
@@ -132,8 +156,11 @@ def test_c(native_binary: Callable[[Path, str], Path], src: Path, name: str, kin
     try:
         proc = _run([str(exe), name], env=env)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{src.name}:{name} ({kind}) ran past {RUN_TIMEOUT_S} s\n"
-                    f"--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}", pytrace=False)
+        pytest.fail(
+            f"{src.name}:{name} ({kind}) ran past {RUN_TIMEOUT_S} s\n"
+            f"--- stdout ---\n{exc.stdout}\n--- stderr ---\n{exc.stderr}",
+            pytrace=False,
+        )
     if proc.returncode != 0 or "runtime error:" in proc.stderr:
         pytest.fail(_describe(proc, f"{src.name}:{name} ({kind})"), pytrace=False)
 
@@ -146,5 +173,10 @@ def test_every_c_test_is_collected(native_binary: Callable[[Path, str], Path], s
 
 
 def test_native_sources_exist() -> None:
-    assert {s.name for s in _sources()} >= {"test_ring.c", "test_board.c", "test_ring_procs.c", "test_futex.c",
-                                            "test_arena.c"}
+    assert {s.name for s in _sources()} >= {
+        "test_ring.c",
+        "test_board.c",
+        "test_ring_procs.c",
+        "test_futex.c",
+        "test_arena.c",
+    }

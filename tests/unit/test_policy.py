@@ -9,8 +9,15 @@ import statistics
 
 import pytest
 
-from fastpool import _policy
-from fastpool._policy import Backoff, SlotBreaker, TaskOptions, all_open, crash_outcome, should_retry
+from fastpool._supervision import _policy
+from fastpool._supervision._policy import (
+    Backoff,
+    SlotBreaker,
+    TaskOptions,
+    all_open,
+    crash_outcome,
+    should_retry,
+)
 
 
 def seeded_breaker(seed: int = 0, **kwargs: object) -> SlotBreaker:

@@ -16,8 +16,8 @@ import os
 
 import pytest
 
-from fastpool import _codec
-from fastpool._core import Board
+from fastpool._native._core import Board
+from fastpool._runtime import _codec
 
 RECORD = b"x" * 40  # a 64-byte record with its header
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fastpool import _sizing
-from fastpool._sizing import (
+from fastpool._supervision import _sizing
+from fastpool._supervision._sizing import (
     BLAS_THREAD_VARS,
     available_memory_bytes,
     blas_thread_env,
@@ -53,7 +53,11 @@ V2_CGROUP = "0::/user.slice/app\n"
 
 def make_root(tmp_path: Path, cgroup: str, mountinfo: str, files: dict[str, str]) -> Path:
     """A fake filesystem root: /proc/self/{cgroup,mountinfo} plus ``files`` at absolute paths."""
-    for rel, text in {"/proc/self/cgroup": cgroup, "/proc/self/mountinfo": mountinfo, **files}.items():
+    for rel, text in {
+        "/proc/self/cgroup": cgroup,
+        "/proc/self/mountinfo": mountinfo,
+        **files,
+    }.items():
         path = tmp_path / rel.lstrip("/")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -191,7 +195,8 @@ def test_cpu_quota_smallest_level_wins(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "cpu_max, cap", [("150000 100000", 2), ("50000 100000", 1), ("30000 100000", 1), ("1 100000", 1)]
+    "cpu_max, cap",
+    [("150000 100000", 2), ("50000 100000", 1), ("30000 100000", 1), ("1 100000", 1)],
 )
 def test_usable_cpus_is_the_ceiling_of_the_quota(tmp_path: Path, cpu_max: str, cap: int) -> None:
     assert usable_cpus(root=v2_root(tmp_path, {"cpu.max": cpu_max})) == min(affinity(), cap)
@@ -342,22 +347,30 @@ def test_memory_figures_come_from_meminfo_without_psutil(
     assert total_memory_bytes(root=free) == 24555244 * 1024
     assert available_memory_bytes(root=free) == 20000000 * 1024
     limited = with_meminfo(
-        v2_root(tmp_path / "limited", {"memory.max": str(GiB), "memory.current": str(GiB // 4)}), MEMINFO)
+        v2_root(tmp_path / "limited", {"memory.max": str(GiB), "memory.current": str(GiB // 4)}),
+        MEMINFO,
+    )
     assert total_memory_bytes(root=limited) == GiB
     assert available_memory_bytes(root=limited) == GiB - GiB // 4
 
 
 def test_a_kernel_without_memavailable_falls_back_to_psutil(tmp_path: Path) -> None:
-    root = with_meminfo(v2_root(tmp_path, {"memory.max": "max"}), "MemTotal:  2048 kB\nMemFree:  1024 kB\n")
+    root = with_meminfo(
+        v2_root(tmp_path, {"memory.max": "max"}), "MemTotal:  2048 kB\nMemFree:  1024 kB\n"
+    )
     assert total_memory_bytes(root=root) == 2048 * 1024
-    assert available_memory_bytes(root=root) == pytest.approx(psutil.virtual_memory().available, rel=0.05)
+    assert available_memory_bytes(root=root) == pytest.approx(
+        psutil.virtual_memory().available, rel=0.05
+    )
 
 
 def test_this_machines_meminfo_is_what_psutil_reports() -> None:
     if meminfo_bytes("MemTotal") is None:
         pytest.skip("no /proc/meminfo here")
     assert meminfo_bytes("MemTotal") == psutil.virtual_memory().total
-    assert meminfo_bytes("MemAvailable") == pytest.approx(psutil.virtual_memory().available, rel=0.05)
+    assert meminfo_bytes("MemAvailable") == pytest.approx(
+        psutil.virtual_memory().available, rel=0.05
+    )
 
 
 # --- parse_memory --------------------------------------------------------------
@@ -400,7 +413,23 @@ def test_parse_memory_fraction_is_of_this_process_memory(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     "bad",
-    ["2 GBs", "abc", "", "-1GB", "0", "0.1", "1e9", "1.5.2G", 0, -5, 0.0, 1.5, -0.5, math.nan, math.inf],
+    [
+        "2 GBs",
+        "abc",
+        "",
+        "-1GB",
+        "0",
+        "0.1",
+        "1e9",
+        "1.5.2G",
+        0,
+        -5,
+        0.0,
+        1.5,
+        -0.5,
+        math.nan,
+        math.inf,
+    ],
 )
 def test_parse_memory_refuses_with_advice(bad: object) -> None:
     with pytest.raises(ValueError, match="KiB/MiB/GiB"):

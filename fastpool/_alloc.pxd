@@ -1,3 +1,0 @@
-# What the worker's loop needs from the NumPy allocator hook (fastpool/_alloc.pyx).
-
-cdef object owned_roots(object result)

@@ -1,6 +1,0 @@
-# The dispatcher with supervision's handles (fastpool/_control.pyx).
-from fastpool._dispatch cimport Dispatch
-
-
-cdef class Dispatcher(Dispatch):
-    pass

@@ -1,0 +1,798 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The arena: one pool's reference-counted shared blocks, over one sparse memfd.
+
+    parent (pool.py, _codec)                      worker (_worker.py, _codec)
+    ------------------------                      ---------------------------
+    Arena.create(nworkers, budget)  --fd at spawn--> Arena.attach(fd, 1 + slot)
+    alloc(n) -> Block in region 0                    alloc(n) -> Block in region 1 + slot
+    Block in a call's pins ---(off, gen) in ring---> ref(off, gen) -> Block (own counter)
+    ref(off, gen) + unref_for(w) <--(off, gen)------ handoff(off): +1 the parent takes over
+    reclaim(slot) after the worker died; check_region / reset_region when a chain is damaged
+
+A Block holds one reference of its process and exports the block's bytes as a
+buffer; ndarrays are views over it, so the block lives while any view does.
+In a worker, NumPy's allocator hook (_alloc.pyx) takes blocks too: there the
+ndarray's own data holds the reference, and NumPy's free drops it.
+A Block also keeps its Arena object, hence the mapping, alive: an array used
+after its pool shut down is still plain memory, never a dangling pointer.
+
+Distrust (issue 9).  Every worker maps the whole arena read-write and runs any
+code, so every header may be garbage.  Each Arena keeps a private
+fp_arena_view_t (its own base and the geometry checked once at create or
+attach); the C functions take that view and read each shared length once,
+check it, then use it, and every walk goes through the one bounded walker in
+fp_arena.h.  Damage comes back as RegionCorrupt (a SegmentCorrupt) naming the
+region, never as a hang or a crash, and a Block keeps the length it was given
+when it was made: rewriting a header later changes nothing NumPy sees.
+
+What a worker can still overwrite: the data of every block, and every block
+header, in every region; only its own process suffers for headers it breaks
+in its own region once the parent resets that region, but data it scribbles
+over is simply changed.  A readonly block (share(arr, readonly=True)) is
+mapped PROT_READ in the process that receives it, so a stray write there
+faults in that process instead.  Keeping a worker from writing other regions
+needs the reference counts out of the block headers (a count table per
+process, in pages of its own): headers share their first page with data,
+and every process must write its counter in blocks of every region.
+"""
+
+import operator
+import os
+import random
+import weakref
+
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport calloc, free
+from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT
+from cpython.ref cimport PyObject
+
+cdef extern from "Python.h":
+    const Py_ssize_t PY_SSIZE_T_MAX
+
+from fastpool import errors
+
+from fastpool._native._sys cimport (
+    EINVAL, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FP_CORRUPT, FP_ERRNO, FP_OK, PROT_READ, PROT_WRITE,
+    close, errno, fallocate, madvise, munmap,
+)
+from fastpool._native._shm cimport FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map
+
+# Detaching an ndarray in place (fastpool.transfer): NumPy has no API to take
+# the memory away from an array object, so this writes its fields: every
+# dimension becomes 0, data points at a static zeroed buffer, WRITEABLE is
+# cleared, the base (the Block, hence this process's reference) is dropped,
+# and the object's type becomes DetachedArray, whose methods raise.  Any path
+# DetachedArray does not cover sees a zero-length read-only array: never the
+# bytes the task now owns.
+cdef extern from *:
+    """
+    #include <numpy/ndarraytypes.h>
+    static char fp_detached_data[256] __attribute__((aligned(64)));
+    static int fp_detach_array(PyObject *arr, PyObject *newtype)
+    {
+        PyArrayObject_fields *f = (PyArrayObject_fields *)arr;
+        PyObject *old_base = f->base;
+        PyTypeObject *old_type = Py_TYPE(arr);
+        if (f->nd < 1 || (f->flags & NPY_ARRAY_OWNDATA))
+            return -1;
+        for (int i = 0; i < f->nd; i++)
+            f->dimensions[i] = 0;
+        f->data = fp_detached_data;
+        f->flags &= ~NPY_ARRAY_WRITEABLE;
+        f->base = NULL;
+        PyTypeObject *nt = (PyTypeObject *)newtype;
+        if (nt->tp_basicsize == old_type->tp_basicsize &&
+            (nt->tp_flags & Py_TPFLAGS_HAVE_GC) == (old_type->tp_flags & Py_TPFLAGS_HAVE_GC)) {
+            Py_INCREF(newtype);
+            Py_SET_TYPE(arr, (PyTypeObject *)newtype);
+            if (old_type->tp_flags & Py_TPFLAGS_HEAPTYPE)
+                Py_DECREF(old_type);
+        }
+        Py_XDECREF(old_base);
+        return 0;
+    }
+    /* A class statement gives its instances a GC header, which an ndarray
+     * allocated by NumPy lacks; DetachedArray adds no fields, so its
+     * instances are made plain like ndarray's before any is swapped in. */
+    static void fp_plain_instances(PyObject *newtype)
+    {
+        PyTypeObject *t = (PyTypeObject *)newtype;
+        if (t->tp_flags & Py_TPFLAGS_HAVE_GC) {
+            t->tp_flags &= ~Py_TPFLAGS_HAVE_GC;
+            t->tp_free = PyObject_Free;
+            t->tp_traverse = NULL;
+            t->tp_clear = NULL;
+        }
+    }
+    """
+    int fp_detach_array(object arr, object newtype)
+    void fp_plain_instances(object newtype)
+
+cdef extern from *:
+    """
+    static size_t fp_array_address(PyObject *arr) { return (size_t)((PyArrayObject_fields *)arr)->data; }
+    """
+    size_t fp_array_address(object arr)
+
+DEF MADV_POPULATE_WRITE = 23
+
+PARENT = 0
+ARENA_MIN_BYTES = 1 << 20
+ARENA_MAX_DEFAULT_BYTES = 64 << 30
+MEMINFO_CHECK_BYTES = 16 << 20  # fresh blocks this large check MemAvailable first
+# A copy this large into a block starts at the source's offset within its page.
+# glibc's memmove for copies past its non-temporal threshold runs 3-4x slower
+# when the destination sits a little above the source modulo 4 KiB (4K
+# aliasing: 66 ms instead of 17 ms for 256 MiB on this machine, dst - src = 48),
+# and a block's data starts 64 bytes into a page while a large malloc'd array
+# starts 16 bytes in.  The descriptor's byte offset carries the padding.
+PAGE_MATCH_MIN_BYTES = 1 << 20
+
+_registry = {}  # token -> weakref to the Arena of that token in this process
+
+
+def lookup(uint64_t token):
+    """The open Arena named token in this process, or None."""
+    ref = _registry.get(token)
+    return ref() if ref is not None else None
+
+
+def mem_available_bytes():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def default_budget():
+    """Half the memory available now, at most 64 GiB (a sparse memfd: only blocks in use cost)."""
+    avail = mem_available_bytes() or (8 << 30)
+    return max(64 << 20, min(ARENA_MAX_DEFAULT_BYTES, avail // 2))
+
+
+cdef str _mib(uint64_t n):
+    return f"{n / 1048576.0:.1f} MiB"
+
+
+cdef object _damage_error(const fp_arena_damage_t *d, uint32_t nprocs):
+    text = fp_arena_damage_text(d.why).decode()
+    if d.region >= nprocs:
+        return errors.SegmentCorrupt(f"no shared block at arena offset {d.at}: {text} (read {d.value})")
+    return errors.RegionCorrupt(d.region, f"{text} (read {d.value})", d.at)
+
+
+def geometry(nworkers, budget):
+    """(nprocs, region_bytes, total_bytes) of an arena for nworkers and a budget.
+
+    Raises TypeError for a non-integer and ValueError for sizes the layout cannot
+    hold: fewer than 1 MiB, or regions (one per process, each as large as the
+    budget, of address space only) that would span more than FP_ARENA_MAX_BYTES."""
+    try:
+        nworkers, budget = operator.index(nworkers), operator.index(budget)
+    except TypeError:
+        raise TypeError(f"arena_bytes and the worker count must be integers, not {budget!r}, "
+                        f"{nworkers!r}") from None
+    if not 1 <= nworkers < FP_ARENA_MAX_PROCS:
+        raise ValueError(f"an arena serves 1 to {FP_ARENA_MAX_PROCS - 1} workers, not {nworkers}")
+    if budget < ARENA_MIN_BYTES:
+        raise ValueError(f"arena_bytes must be at least 1 MiB, not {budget}")
+    nprocs = nworkers + 1
+    cap = (FP_ARENA_MAX_BYTES - FP_ARENA_PAGE * (1 + (8 * nprocs + 128) // FP_ARENA_PAGE)) // nprocs
+    cap -= cap % FP_ARENA_PAGE
+    if budget > cap:
+        raise ValueError(
+            f"arena_bytes={budget} is too large for {nworkers} workers: each of the {nprocs} processes gets "
+            f"a region of address space as large as the budget, and together they may span at most "
+            f"{FP_ARENA_MAX_BYTES >> 40} TiB; pass at most {cap} ({cap >> 30} GiB)")
+    region = (budget + FP_ARENA_PAGE - 1) // FP_ARENA_PAGE * FP_ARENA_PAGE
+    return nprocs, region, fp_arena_size(nprocs, region)
+
+
+cdef class Arena:
+    """One mapping of a pool's arena.  The parent creates it; each worker attaches by fd.
+
+    Thread safety: alloc, ref and the Block methods run with the GIL held and
+    never release it, so the one-allocator-per-region rule holds per process.
+    """
+
+    def __cinit__(self):
+        self._v.base = NULL
+        self._ro = NULL
+        self._fd = -1
+        self._own_top = FP_ARENA_TOP_UNKNOWN
+        self._held = NULL
+
+    @staticmethod
+    def create(nworkers, budget, str name="fastpool-arena"):
+        """A fresh arena in a new sealed memfd (nothing in /dev/shm).  Each region
+        may hold the whole budget: the budget, not the region, limits what is used.
+
+        Raises ValueError for sizes the layout cannot hold (see geometry) and
+        SharedMemoryError when the kernel refuses the memfd or its mapping."""
+        cdef Arena self = Arena.__new__(Arena)
+        nprocs, region, size = geometry(nworkers, budget)
+        cdef int fd = -1
+        cdef void *p = NULL
+        if fp_shm_create(name.encode(), size, &fd, &p) != FP_OK:
+            raise errors.SharedMemoryError(
+                f"cannot create the shared arena ({size} bytes of address space): {os.strerror(errno)}; "
+                "pass a smaller Pool(arena_bytes=...)")
+        token = random.getrandbits(63) | 1
+        if fp_arena_init(p, size, nprocs, region, budget, token, &self._v) != FP_OK:
+            munmap(p, size)  # unreachable: geometry() checked the same bounds
+            close(fd)
+            raise errors.SegmentCorrupt("arena init: bad sizes")
+        self._fd = fd
+        self.proc = PARENT
+        self._register()
+        return self
+
+    @staticmethod
+    def attach(int fd, uint32_t proc):
+        """Maps an existing arena from an inherited fd (the fd stays the caller's).
+
+        The header is read once into private memory and checked against the
+        file's real size; the geometry used from then on is that copy."""
+        cdef Arena self = Arena.__new__(Arena)
+        cdef fp_arena_t head
+        cdef uint64_t file_size = 0
+        cdef int own = -1
+        cdef void *p = NULL
+        cdef int rc = fp_shm_attach(fd, &head, sizeof(fp_arena_t), &file_size)
+        if rc == FP_ERRNO:
+            raise OSError(errno, f"cannot read the shared arena: {os.strerror(errno)}")
+        if rc != FP_OK:
+            raise errors.SegmentCorrupt("the shared arena is too short to be one")
+        if fp_arena_attach(&head, NULL, file_size, &self._v) != FP_OK:
+            raise errors.SegmentCorrupt("the shared arena's magic or layout version does not match "
+                                        "this fastpool build")
+        if proc >= self._v.nprocs:
+            raise errors.SegmentCorrupt(f"process index {proc} is outside the arena's {self._v.nprocs}")
+        if fp_shm_dup(fd, FP_SHM_FD_FLOOR, &own) != FP_OK:
+            raise OSError(errno, f"cannot duplicate the shared arena's fd: {os.strerror(errno)}")
+        if fp_shm_map(own, self._v.total_size, PROT_READ | PROT_WRITE, &p) != FP_OK:
+            e = errno
+            close(own)
+            raise errors.SharedMemoryError(
+                f"cannot map the shared arena ({self._v.total_size} bytes): {os.strerror(e)}")
+        self._v.base = <unsigned char *>p
+        self._fd = own
+        self.proc = proc
+        self._register()
+        return self
+
+    def _register(self):
+        self.token = self._v.token
+        _registry[self.token] = weakref.ref(self)
+
+    def fileno(self):
+        return self._fd
+
+    @property
+    def budget(self):
+        return self._v.budget if self._v.base != NULL else 0
+
+    @property
+    def nprocs(self):
+        """Processes the arena serves: the parent and one per worker slot."""
+        return self._v.nprocs
+
+    @property
+    def region_bytes(self):
+        return self._v.region_size
+
+    @property
+    def regions_offset(self):
+        """Where region 0 starts; region r starts r * region_bytes after it."""
+        return self._v.regions_offset
+
+    @property
+    def header_bytes(self):
+        """A block header's bytes: a block's data starts this far into it."""
+        return self._v.hdr
+
+    @property
+    def base_address(self):
+        """Where this process maps the arena (0 once unmapped): for tests that scribble on it."""
+        return <size_t>self._v.base
+
+    def close(self):
+        """Closes the fd and stops new references.  Free blocks' pages are given
+        back now (a damaged region's only up to its damage: close never raises
+        for damage); the mapping goes when the last Block of this process does,
+        so arrays still held stay valid memory.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if _registry.get(self.token) is not None and _registry[self.token]() is self:
+            del _registry[self.token]
+        if self._fd >= 0:
+            if self._v.base != NULL:
+                self._punch_free()
+            close(self._fd)
+            self._fd = -1
+        self._maybe_unmap()
+
+    cdef _punch_free(self):
+        cdef uint32_t r
+        for r in range(self._v.nprocs):
+            self._punch_free_region(r)
+
+    cdef _punch_free_region(self, uint32_t r):
+        # Pages from the first whole page after the header: a free block's header
+        # stays readable (zero counts) for a process that still walks the chain.
+        cdef fp_arena_walk_t w
+        cdef uint64_t off = 0, s = 0, skip = fp_arena_align(self._v.hdr, FP_ARENA_PAGE)
+        cdef int free_ = 0
+        if self._fd < 0 or fp_arena_walk_begin(&w, &self._v, r) != FP_OK:
+            return
+        while fp_arena_walk_next(&w, &off, &s) == 1:
+            if s > skip and fp_arena_is_free(&self._v, off, &free_) == FP_OK and free_:
+                fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, <long>(off + skip),
+                          <long>(s - skip))
+
+    cdef _maybe_unmap(self):
+        if self.closed and self._blocks == 0:
+            self._unmap()
+
+    cdef _unmap(self):
+        if self._v.base != NULL:
+            munmap(self._v.base, self._v.total_size)
+            self._v.base = NULL
+        if self._ro != NULL:
+            munmap(self._ro, self._v.total_size)
+            self._ro = NULL
+
+    def __dealloc__(self):
+        self._unmap()
+        free(self._held)
+        free(self._seen_end)
+        if self._fd >= 0:
+            close(self._fd)
+
+    cdef char *_ro_base(self):
+        # A second, PROT_READ mapping of the same memfd, made once: readonly blocks
+        # are exposed through it, so a write that ignores NumPy's flag (a C
+        # extension, a ctypes pointer) faults here instead of changing the bytes
+        # other processes read.  If the kernel refuses it, the read-write mapping
+        # serves (the buffer is still exported read-only).
+        cdef void *p = NULL
+        if self._ro == NULL and self._fd >= 0:
+            if fp_shm_map(self._fd, self._v.total_size, PROT_READ, &p) == FP_OK:
+                self._ro = p
+        return <char *>(self._ro if self._ro != NULL else self._v.base)
+
+    cdef Block _block(self, fp_arena_blk_t *b, bint readonly):
+        # b comes from fp_arena_alloc or fp_arena_ref: its size was read once and
+        # checked to hold a header and to end inside its region's top.
+        cdef Block blk = Block.__new__(Block)
+        cdef char *base = self._ro_base() if readonly else <char *>self._v.base
+        blk.arena = self
+        blk.off = b.off
+        blk.gen = b.gen
+        blk.nbytes = b.size - self._v.hdr
+        blk.data = base + b.off + self._v.hdr
+        blk.readonly = readonly
+        blk._shape[0] = <Py_ssize_t>blk.nbytes
+        blk._strides[0] = 1
+        blk._own = (b.off - self._v.regions_offset) // self._v.region_size == self.proc
+        if blk._own:
+            if self._held == NULL:  # sparse: only pages of it that index used blocks cost memory
+                self._held = <uint32_t *>calloc(self._v.region_size // FP_ARENA_PAGE, sizeof(uint32_t))
+            if self._held != NULL:
+                self._held[(b.off - self._own_base()) // FP_ARENA_PAGE] += 1
+        self._blocks += 1
+        return blk
+
+    cdef uint64_t _own_base(self):
+        return self._v.regions_offset + <uint64_t>self.proc * self._v.region_size
+
+    cdef bint _holds_any(self, uint64_t off, uint64_t size):
+        # A reused block of the own region must not cover a block this process
+        # still holds a Block on: free by its shared counts yet held by a private
+        # one means someone zeroed the counts, or forged a size over it.
+        cdef uint64_t i, first = (off - self._own_base()) // FP_ARENA_PAGE
+        if self._held == NULL:
+            return False
+        for i in range(first, first + size // FP_ARENA_PAGE):
+            if self._held[i]:
+                return True
+        return False
+
+    cdef int _usable(self) except -1:
+        if self.closed or self._v.base == NULL:
+            raise errors.PoolClosed("this pool's shared memory is closed: the pool was shut down")
+        return 0
+
+    cpdef Block alloc(self, uint64_t nbytes):
+        """A block of at least nbytes in this process's region, holding its reference.
+
+        Raises SharedMemoryError, before touching anything, when the arena's
+        budget or the machine's free memory cannot hold it, and RegionCorrupt
+        when this process's region is damaged."""
+        self._usable()
+        cdef fp_arena_blk_t b
+        cdef fp_arena_damage_t d
+        cdef Block blk
+        cdef uint64_t fresh_len = 0
+        cdef int rc = fp_arena_alloc(&self._v, self.proc, nbytes, &b, &fresh_len, &self._own_top, &d)
+        if rc == FP_NOSPACE:
+            raise self._nospace(nbytes, "")
+        if rc != FP_OK:
+            raise _damage_error(&d, self._v.nprocs)
+        if fresh_len:
+            try:
+                self._commit(b.off, fresh_len, nbytes)
+            except BaseException:
+                fp_arena_unbump(&self._v, self.proc, &b, &self._own_top)
+                raise
+        elif self._holds_any(b.off, b.size):
+            # Handing it out would put two arrays on the same bytes.
+            fp_arena_unref(&self._v, self.proc, b.off)
+            raise errors.RegionCorrupt(self.proc, "a free block covers one this process still holds (its counts were "
+                                "zeroed, or a size was forged)", b.off - self._own_base())
+        blk = self._block(&b, False)
+        blk.fresh = fresh_len != 0
+        return blk
+
+    cdef _commit(self, uint64_t off, uint64_t length, uint64_t nbytes):
+        # Fresh pages are taken now, where failure is an exception: a page the
+        # kernel cannot supply on first touch is a SIGBUS in whoever touches it.
+        # MADV_POPULATE_WRITE also maps them here, so the first copy into the
+        # block runs at memcpy speed instead of faulting page by page.
+        cdef int rc
+        if length >= MEMINFO_CHECK_BYTES:
+            avail = mem_available_bytes()
+            if avail is not None and length > avail:
+                raise self._nospace(nbytes, f"the machine has {_mib(avail)} available")
+        with nogil:
+            rc = madvise(self._v.base + off, length, MADV_POPULATE_WRITE)
+        if rc != 0 and errno == EINVAL and self._fd >= 0:  # kernel older than 5.14
+            with nogil:
+                rc = fallocate(self._fd, 0, <long>off, <long>length)
+        if rc != 0:
+            raise self._nospace(nbytes, f"the kernel refused the pages: {os.strerror(errno)}")
+
+    def _nospace(self, uint64_t nbytes, str why):
+        u = self._usage(False)
+        return errors.SharedMemoryError(
+            f"cannot place {_mib(nbytes)} in the pool's shared memory: {_mib(u['live_bytes'])} of its "
+            f"{_mib(u['budget_bytes'])} budget is in use by live arrays, {_mib(u['free_bytes'])} is free "
+            f"in freed blocks{'; ' + why if why else ''}. Drop shared arrays you no longer need, or "
+            "create the pool with a larger Pool(arena_bytes=...) (default: half the available memory, "
+            "at most 64 GiB); in a container, raise its memory limit")
+
+    cpdef Block ref(self, uint64_t off, uint64_t gen, bint readonly):
+        """This process's own reference on a block named by a descriptor.
+
+        The Block's length is the block's size read once and checked here; it
+        never changes afterwards.  Raises SharedMemoryError for a reused block
+        and SegmentCorrupt (RegionCorrupt when a region is to blame) for an
+        offset or a header that does not check out."""
+        self._usable()
+        cdef fp_arena_blk_t b
+        cdef fp_arena_damage_t d
+        cdef int rc = fp_arena_ref(&self._v, self.proc, off, gen, &b, &d)
+        if rc == FP_STALE:
+            raise errors.SharedMemoryError(
+                f"shared block at {off} was reused before this descriptor was read (fastpool bug)")
+        if rc != FP_OK:
+            raise _damage_error(&d, self._v.nprocs)
+        self._saw(&b)
+        return self._block(&b, readonly)
+
+    cdef _saw(self, fp_arena_blk_t *b):
+        # Every block that leaves a worker's region reaches others through this
+        # process's ref: the furthest end seen bounds what reset_region must keep.
+        cdef uint64_t rel = b.off - self._v.regions_offset
+        cdef uint32_t r = <uint32_t>(rel // self._v.region_size)
+        cdef uint64_t end = rel - <uint64_t>r * self._v.region_size + b.size
+        if self._seen_end == NULL:
+            self._seen_end = <uint64_t *>calloc(self._v.nprocs, sizeof(uint64_t))
+            if self._seen_end == NULL:
+                raise MemoryError()
+        if r < self._v.nprocs and end > self._seen_end[r]:
+            self._seen_end[r] = end
+
+    def handoff(self, Block blk):
+        """One more reference for this process, that the receiver drops (unref_for)."""
+        self._usable()
+        cdef fp_arena_blk_t b
+        cdef fp_arena_damage_t d
+        cdef int rc = fp_arena_ref(&self._v, self.proc, blk.off, blk.gen, &b, &d)
+        if rc == FP_STALE:
+            raise errors.SegmentCorrupt(f"shared block at {blk.off} changed generation while referenced")
+        if rc != FP_OK:
+            raise _damage_error(&d, self._v.nprocs)
+
+    def unref_for(self, uint32_t proc, uint64_t off):
+        """Drops one reference of process proc; an offset that is no block header is ignored."""
+        if self._v.base != NULL:
+            fp_arena_unref(&self._v, proc, off)
+
+    def count(self, uint32_t proc, uint64_t off):
+        """References process proc holds on the block at off (tests, telemetry).
+
+        Raises ValueError when off cannot be a block header or proc is out of range."""
+        cdef uint32_t n = 0
+        if self._v.base == NULL:
+            return 0
+        if fp_arena_count(&self._v, proc, off, &n) != FP_OK:
+            raise ValueError(f"no block header of process {proc} at offset {off}")
+        return n
+
+    def is_free(self, uint64_t off):
+        cdef int free_ = 0
+        if self._v.base == NULL or fp_arena_is_free(&self._v, off, &free_) != FP_OK:
+            raise ValueError(f"no block header at offset {off}")
+        return bool(free_)
+
+    def reclaim(self, int slot):
+        """Drops every reference worker slot held (it died), then gives back the pages
+        of its region's free blocks.  Returns how many blocks it held.
+
+        Raises RegionCorrupt naming the first damaged region, after every
+        intact region (and each damaged one up to its damage) was reclaimed."""
+        cdef uint64_t held = 0
+        cdef fp_arena_damage_t d
+        if self._v.base == NULL or slot < 0 or slot + 1 >= <int>self._v.nprocs:
+            return 0
+        cdef int rc = fp_arena_reclaim(&self._v, slot + 1, &held, &d)
+        # Its free blocks keep the pages it faulted in (NumPy's arrays, through
+        # _alloc, up to half the budget) until the pool closes, unless given back
+        # now: with the owner dead, no process can claim a block of its region.
+        self._punch_free_region(slot + 1)
+        if rc != FP_OK:
+            raise _damage_error(&d, self._v.nprocs)
+        return held
+
+    def check_region(self, uint32_t region):
+        """Walks region (0: the parent, 1 + s: worker slot s); returns its block count.
+
+        Raises RegionCorrupt saying where and what, ValueError for no such region."""
+        cdef uint64_t n = 0
+        cdef fp_arena_damage_t d
+        if region >= self._v.nprocs:
+            raise ValueError(f"the arena has regions 0 to {self._v.nprocs - 1}, not {region}")
+        if self._v.base != NULL and fp_arena_check_region(&self._v, region, &n, &d) != FP_OK:
+            raise _damage_error(&d, self._v.nprocs)
+        return n
+
+    def corrupt_regions(self):
+        """{region: RegionCorrupt} for every damaged region (empty when all are whole)."""
+        cdef uint64_t n = 0
+        cdef fp_arena_damage_t d
+        cdef uint32_t r
+        found = {}
+        if self._v.base == NULL:
+            return found
+        for r in range(self._v.nprocs):
+            if fp_arena_check_region(&self._v, r, &n, &d) != FP_OK:
+                found[r] = _damage_error(&d, self._v.nprocs)
+        return found
+
+    def reset_region(self, uint32_t region):
+        """Makes a damaged region's chain whole again, for the next process in that slot.
+
+        Call it in the parent after the region's worker died and reclaim(slot)
+        ran (a live owner would race the repair), or on this process's own
+        region.  Blocks before the damage stay as they are; from the damage to
+        the region's old top (its end, if the top itself is garbage) one block
+        is quarantined: pinned, never reused, because other processes may still
+        map blocks there, whose bytes are left untouched.  Returns the bytes
+        quarantined (0: the chain was whole).  Raises ValueError for a region
+        out of range, or another process's region from a worker."""
+        cdef uint64_t q = 0
+        cdef fp_arena_damage_t d
+        self._usable()
+        if region >= self._v.nprocs:
+            raise ValueError(f"the arena has regions 0 to {self._v.nprocs - 1}, not {region}")
+        if self.proc != PARENT and region != self.proc:
+            raise ValueError("only the parent resets another process's region")
+        fp_arena_reset_region(&self._v, region, self._seen_end[region] if self._seen_end != NULL else 0, &q, &d)
+        if region == self.proc:
+            self._own_top = FP_ARENA_TOP_UNKNOWN
+        return q
+
+    def _usage(self, bint strict):
+        cdef uint64_t live = 0, idle = 0, nlive = 0
+        cdef fp_arena_damage_t d
+        if self._v.base == NULL:
+            return dict(live_bytes=0, free_bytes=0, live_blocks=0, budget_bytes=0, unused_bytes=0)
+        if fp_arena_usage(&self._v, &live, &idle, &nlive, &d) != FP_OK and strict:
+            raise _damage_error(&d, self._v.nprocs)
+        budget = self._v.budget
+        return dict(live_bytes=live, free_bytes=idle, live_blocks=nlive, budget_bytes=budget,
+                    unused_bytes=max(0, budget - live - idle))
+
+    def held_bytes(self, uint32_t proc):
+        """Bytes of region proc's blocks that process proc itself references (a
+        worker's own arrays in shared memory); what the walk could not reach past
+        damage is not counted."""
+        cdef uint64_t n = 0
+        cdef fp_arena_damage_t d
+        if self._v.base == NULL or proc >= self._v.nprocs:
+            return 0
+        fp_arena_held(&self._v, proc, &n, &d)
+        return n
+
+    def usage(self):
+        """Bytes in blocks referenced by someone, in freed blocks, and the budget.
+
+        Raises RegionCorrupt when a region's chain is damaged."""
+        return self._usage(True)
+
+
+cdef class Block:
+    """One reference of this process on one block; exports its bytes as a buffer.
+
+    Its offset, generation and length are private copies taken when it was
+    made: nothing a process writes into the shared header later changes them."""
+
+    @property
+    def address(self):
+        return <size_t>self.data
+
+    @property
+    def owner(self):
+        return self.arena
+
+    def __getbuffer__(self, Py_buffer *buf, int flags):
+        if (flags & PyBUF_WRITABLE) and self.readonly:
+            raise BufferError("this shared array was shared read-only")
+        buf.buf = self.data
+        buf.obj = self
+        buf.len = <Py_ssize_t>self.nbytes
+        buf.readonly = self.readonly
+        buf.itemsize = 1
+        if flags & PyBUF_FORMAT:
+            buf.format = b"B"
+        else:
+            buf.format = NULL
+        buf.ndim = 1
+        buf.shape = self._shape
+        buf.strides = self._strides
+        buf.suboffsets = NULL
+        buf.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *buf):
+        pass
+
+    def __reduce__(self):
+        raise TypeError("a shared block crosses processes only as part of an ndarray")
+
+    def __dealloc__(self):
+        cdef Arena a = self.arena
+        cdef uint64_t i
+        if a is not None:
+            if a._v.base != NULL:
+                fp_arena_unref(&a._v, a.proc, self.off)
+            if self._own and a._held != NULL:
+                i = (self.off - a._own_base()) // FP_ARENA_PAGE
+                if a._held[i]:
+                    a._held[i] -= 1
+            a._blocks -= 1
+            a._maybe_unmap()
+
+
+def plain_instances(newtype):
+    """Makes newtype's instances GC-free like ndarray's (see fp_plain_instances)."""
+    fp_plain_instances(newtype)
+
+
+def detach(arr, newtype):
+    """Takes the memory away from ndarray arr in place (see fp_detach_array)."""
+    if fp_detach_array(arr, newtype) != 0:
+        raise TypeError("only views of shared memory with at least one dimension can be transferred")
+
+
+_handoffs_taken = None  # while the parent decodes a result: the handoffs rebuild() took back
+
+
+def log_handoffs(taken):
+    """While taken is a list, rebuild() appends each handoff it takes back to it
+    (the parent's driver thread, around one result's decoding; None to stop)."""
+    global _handoffs_taken
+    _handoffs_taken = taken
+
+
+def rebuild(uint64_t token, uint64_t off, uint64_t gen, Py_ssize_t byte_off, dtype, shape, strides,
+            bint readonly, int src):
+    """Unpickles a descriptor (see _codec): a view of the block from this process's mapping.
+
+    src >= 0: the sender (a worker) added a reference for the trip; it is dropped
+    now that this process holds its own."""
+    arena = lookup(token)
+    if arena is None:
+        raise errors.SharedMemoryError(
+            "this array lives in the shared memory of a pool that is shut down, or of another pool "
+            "than the one this process serves; pass it by value (np.array(arr)) instead")
+    blk = (<Arena>arena).ref(off, gen, readonly)
+    if src >= 0:
+        (<Arena>arena).unref_for(<uint32_t>src, off)
+        if _handoffs_taken is not None:
+            _handoffs_taken.append(off)
+    import numpy
+    arr = numpy.ndarray(shape, dtype, buffer=blk, offset=byte_off, strides=strides)
+    if readonly:
+        arr.flags.writeable = False
+    return arr
+
+
+def new_array(Arena arena, shape, dtype, order="C", bint zero=False):
+    """An ndarray over a fresh block of arena (pool.empty / pool.zeros)."""
+    return _new_array(arena, shape, dtype, order, zero, -1)
+
+
+cdef object _new_array(Arena arena, shape, dtype, order, bint zero, Py_ssize_t page_of):
+    # page_of >= 0: the data starts at that offset within a page (see PAGE_MATCH_MIN_BYTES)
+    import numpy
+    dt = numpy.dtype(dtype)
+    if dt.hasobject:
+        raise TypeError(f"dtype {dt} holds Python objects, which cannot live in shared memory; "
+                        "use a numeric or structured dtype without object fields")
+    if order not in ("C", "F"):
+        raise ValueError("order must be 'C' or 'F'")
+    import operator
+    try:  # indexes only, as numpy.empty takes them: 2.5 or "10" is an error, not a shape
+        shp = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
+            operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"shape must be an int or a tuple of ints, not {shape!r}") from None
+    if any(s < 0 for s in shp):
+        raise ValueError(f"negative dimensions are not allowed: {shp}")
+    # Python ints do not wrap; the bound is what a buffer (Py_ssize_t) can span.
+    # A size past the arena's budget is SharedMemoryError from alloc, saying so.
+    n = dt.itemsize
+    for s in shp:
+        n *= s
+    if n > PY_SSIZE_T_MAX:
+        raise ValueError(f"an array of shape {shp} and dtype {dt} would take {n} bytes, more than a "
+                         "process can address")
+    pad = 0
+    if page_of >= 0 and n >= PAGE_MATCH_MIN_BYTES:
+        # cdivision: C's % keeps the sign, so stay non-negative before it
+        pad = (page_of + FP_ARENA_PAGE - arena._v.hdr % FP_ARENA_PAGE) % FP_ARENA_PAGE
+    blk = arena.alloc(n + pad)
+    arr = numpy.ndarray(shp, dt, buffer=blk, offset=pad, order=order)
+    if zero and n and not blk.fresh:
+        # a reused block holds old bytes; a fresh one is the kernel's zero pages
+        # (a 256 MiB memset would cost what the pages' first fault already did)
+        numpy.frombuffer(blk, numpy.uint8, n + pad)[:] = 0
+    return arr
+
+
+def address_of(arr):
+    """Where ndarray arr's data starts (its __array_interface__ address, without the dict).
+
+    Raises TypeError for anything that is not an ndarray."""
+    import numpy
+    if not isinstance(arr, numpy.ndarray):
+        raise TypeError(f"an ndarray is needed, not {type(arr).__name__}")
+    return fp_array_address(arr)
+
+
+def copy_in(Arena arena, src):
+    """A copy of ndarray src in a fresh block of arena, C order unless src is only
+    F-contiguous, starting at src's offset within its page when that keeps src's
+    alignment (see PAGE_MATCH_MIN_BYTES).  Raises what alloc raises."""
+    import numpy
+    order = "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
+    cdef size_t addr = fp_array_address(src)
+    page_of = <Py_ssize_t>(addr % FP_ARENA_PAGE) if addr % src.dtype.alignment == 0 else -1
+    out = _new_array(arena, src.shape, src.dtype, order, False, page_of)
+    numpy.copyto(out, src, casting="no")
+    return out
+
+
+def share(Arena arena, arr, bint readonly=False):
+    """A copy of arr in arena (pool.share): the one copy in, then descriptors only."""
+    import numpy
+    out = copy_in(arena, numpy.asarray(arr))
+    if readonly:
+        out.flags.writeable = False
+    return out

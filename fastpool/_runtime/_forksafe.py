@@ -1,0 +1,260 @@
+"""Whether this process may fork the worker template, and what a forked child cleans up.
+
+Forking is safe when the process runs one thread at the instant of ``fork()``: no
+other thread can then hold a lock (malloc's, the import lock, a logging handler's)
+that the child would inherit held. CPython 3.12+ checks the kernel's thread count
+right after ``fork()`` and warns when it is above one.
+
+NumPy's OpenBLAS (its pthreads build, what the wheels ship) starts ``ncpu - 1`` pool
+threads at import, so a parent that imported NumPy is never single-threaded before a
+fork. OpenBLAS handles fork itself: at load it registers
+``pthread_atfork(blas_thread_shutdown_, NULL, blas_memory_init)`` (OpenBLAS
+``driver/others/memory.c``, ``openblas_fork_handler``), so every ``fork()`` first joins
+those threads, and the next BLAS call that wants them starts them again
+(``blas_thread_init`` when ``blas_server_avail == 0``, ``driver/others/blas_server.c``).
+What we assume is only that: a pthreads OpenBLAS (``openblas_get_parallel() == 1``)
+stops its pool in its prepare handler. What we check, rather than assume, is the
+result: ``fork_checked`` forks, then asks the kernel how many threads the parent has
+left, and records CPython's warning instead of showing it. One thread means the child
+was born alone; anything else (an OpenMP or MKL pool, faulthandler's watchdog, any
+native thread) and the caller kills the child before it does anything and spawns a
+template instead.
+
+A forked template holds the parent's Python objects, and some of them wrap file
+descriptors (a logging FileHandler's stream, a socket). ``neutralise_inherited``
+points every inherited descriptor number at /dev/null rather than closing it: a stale
+object then writes nowhere, and the number is never handed out again, so a worker's
+shared-memory mappings can never receive a stale handler's text (issue 9, section 6).
+It also drops the logging handlers and std streams that wrote to those descriptors.
+
+Linux only (/proc); every reader degrades to "do not fork". Not thread-safe: called
+from the one thread a forking process has.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable
+
+from fastpool._runtime._blas import BLAS_THREAD_VARS
+
+_OPENBLAS_PREFIXES = ("openblas", "scipy_openblas")
+_OPENBLAS_SUFFIXES = ("", "64_", "_64", "_64_")
+# Thread-pool libraries threadpoolctl knows besides OpenBLAS: when one is mapped, the
+# template limits BLAS threads through threadpoolctl instead of OpenBLAS's own call.
+_OTHER_POOL_LIBS = ("gomp", "iomp", "libomp", "mkl", "blis", "flexiblas")
+BLAS_VARS = BLAS_THREAD_VARS
+
+
+def os_threads() -> int:
+    """Threads of this process as the kernel counts them, native ones included: field 20
+    of /proc/self/stat, what CPython 3.12+ reads after fork (about 50 us)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[17])  # fields from the 3rd on
+    except (OSError, ValueError, IndexError):
+        return 1 << 30
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 1 << 62
+
+
+def mapped_libraries() -> list[str]:
+    """Paths of the shared libraries mapped into this process, in map order."""
+    seen: dict[str, None] = {}
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                i = line.find("/")
+                if i >= 0 and ".so" in line:
+                    seen.setdefault(line[i:].rstrip("\n"), None)
+    except OSError:
+        return []
+    return list(seen)
+
+
+def _openblas_call(lib: Any, name: str) -> Any:
+    for prefix in _OPENBLAS_PREFIXES:
+        for suffix in _OPENBLAS_SUFFIXES:
+            fn = getattr(lib, f"{prefix}_{name}{suffix}", None)
+            if fn is not None:
+                return fn
+    return None
+
+
+def openblas_pools(libs: list[str] | None = None) -> list[Any]:
+    """ctypes handles on the loaded OpenBLAS builds that run their own pthreads pool
+    (``openblas_get_parallel() == 1``, the ones that stop it at fork); never loads one."""
+    if libs is None:
+        libs = mapped_libraries()
+    paths = [p for p in libs if "openblas" in os.path.basename(p).lower()]
+    if not paths:
+        return []
+    import ctypes  # NumPy has imported it already
+
+    out = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+        except OSError:
+            continue
+        parallel = _openblas_call(lib, "get_parallel")
+        if parallel is not None and parallel() == 1:
+            out.append(lib)  # 0: sequential, no threads; 2: OpenMP, threads it does not stop
+    return out
+
+
+def fork_candidate() -> bool:
+    """Whether a fork now may leave the child alone: no Python thread besides this one
+    (any of them may hold any lock at any moment), and either no other thread at all or
+    a pthreads OpenBLAS whose fork handler may account for the others."""
+    import threading
+
+    if threading.active_count() != 1:
+        return False
+    return os_threads() == 1 or bool(openblas_pools())
+
+
+def fork_checked() -> tuple[int, bool]:
+    """``os.fork()``; in the parent, also whether this process ran one thread at the
+    fork (CPython 3.12+'s warning recorded, not shown, and the kernel's count read again:
+    OpenBLAS's pool is still stopped here, since its fork handler restarts nothing in
+    the parent). In the child: ``(0, True)``."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        return 0, True
+    alone = os_threads() == 1
+    for w in caught:
+        if issubclass(w.category, DeprecationWarning) and "fork" in str(w.message):
+            alone = False
+        else:  # not ours to swallow
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return pid, alone
+
+
+def blas_threads_chosen() -> bool:
+    """Whether the user set a thread count for some BLAS or OpenMP library."""
+    return any(v in os.environ for v in BLAS_VARS)
+
+
+def pin_openblas(n: int) -> Callable[[], None]:
+    """Sets every pthreads OpenBLAS to ``n`` threads; returns what restores the counts.
+
+    Around the template's fork: the template inherits ``n`` while its pool is stopped,
+    and never starts one (``openblas_set_num_threads`` in the template would start the
+    pool again there, and the template must fork its workers single-threaded)."""
+    saved = []
+    for lib in openblas_pools():
+        get, set_ = _openblas_call(lib, "get_num_threads"), _openblas_call(lib, "set_num_threads")
+        if get is not None and set_ is not None:
+            saved.append((set_, get()))
+            set_(n)
+
+    def restore() -> None:
+        for setter, count in saved:
+            setter(count)
+
+    return restore
+
+
+def flush_std_streams() -> None:
+    """Before fork: text buffered in sys.stdout would otherwise be written twice."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+
+
+def limit_blas_threads() -> None:
+    """In the template: one BLAS/OpenMP thread per worker unless the user set a count, so
+    workers x BLAS threads never oversubscribe the CPUs. The environment covers
+    libraries not loaded yet; a forked template limits the loaded OpenMP, MKL and BLIS
+    pools with threadpoolctl (OpenBLAS was pinned by the parent around the fork, see
+    pin_openblas)."""
+    user_set = blas_threads_chosen()
+    for var in BLAS_VARS:
+        os.environ.setdefault(var, "1")
+    if user_set:
+        return
+    libs = mapped_libraries()
+    if any(key in os.path.basename(p).lower() for p in libs for key in _OTHER_POOL_LIBS):
+        try:  # ~10 ms to import: only when such a library is there
+            from threadpoolctl import ThreadpoolController
+
+            ThreadpoolController().select(
+                internal_api=["openmp", "mkl", "blis", "flexiblas"]
+            ).limit(limits=1)
+        except Exception:  # noqa: BLE001 - optional: without it, the env vars still apply
+            pass
+
+
+def neutralise_inherited(keep: set[int]) -> set[int]:
+    """In a freshly forked child: every inherited fd from 3 up, except ``keep``, now
+    refers to /dev/null (closing the parent's sockets and pipes as far as this process is
+    concerned), and the std streams and logging handlers that wrote to one are dropped.
+    Returns the descriptor numbers it replaced."""
+    try:
+        fds = sorted(int(name) for name in os.listdir("/proc/self/fd"))
+    except OSError:
+        fds = list(range(3, 1024))  # no /proc: the common range
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    replaced = set()
+    for fd in fds:
+        if fd < 3 or fd in keep or fd == null:
+            continue
+        try:
+            os.dup2(null, fd, inheritable=False)
+        except OSError:
+            continue
+        replaced.add(fd)
+    os.close(null)
+    _drop_stale_streams(replaced)
+    return replaced
+
+
+def _uses(obj: Any, fds: set[int]) -> bool:
+    try:
+        return obj is not None and obj.fileno() in fds
+    except (AttributeError, OSError, ValueError):  # closed, or not backed by a descriptor
+        return False
+
+
+def _drop_stale_streams(fds: set[int]) -> None:
+    for name in ("stdout", "stderr"):
+        if _uses(getattr(sys, name, None), fds):
+            setattr(sys, name, getattr(sys, f"__{name}__"))
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        loggers = [logging.getLogger()]
+        loggers += [
+            lg
+            for lg in list(logging.Logger.manager.loggerDict.values())
+            if isinstance(lg, logging.Logger)
+        ]
+        for logger in loggers:
+            for handler in list(logger.handlers):
+                if any(
+                    _uses(getattr(handler, attr, None), fds)
+                    for attr in ("stream", "sock", "socket")
+                ):
+                    logger.removeHandler(
+                        handler
+                    )  # not closed: that would close a /dev/null fd we hold
+    import faulthandler
+
+    if faulthandler.is_enabled():  # it may have written to one of them (pytest's does)
+        try:
+            faulthandler.enable(file=sys.__stderr__, all_threads=True)
+        except (AttributeError, OSError, ValueError, RuntimeError):
+            faulthandler.disable()

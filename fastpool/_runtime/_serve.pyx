@@ -1,0 +1,175 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""A worker's serving loop, compiled: pop, decode, run, encode, push.
+
+    task ring --> next_task (spin, then futex; GIL released)
+                  start_task: slot.current := id, then the skip words
+                  payload: [function pickle, the first time this worker sees it] + arguments
+                  release the record
+              --> run fn(*args) (a map chunk: fn over its items, in C)
+              --> encode: None -> empty payload; plain values -> pickle; arrays -> descriptors
+    result ring <-- put_result (waits for room), finish: current := 0, served += 1
+
+The parent knows every task's function, options, timing and attempt; the
+worker keeps nothing per task but the function cache (id -> function), so
+the loop does no Python bookkeeping the parent already does.
+"""
+
+import inspect
+import os
+import pickle
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+
+from fastpool._runtime import _call, _codec
+
+from fastpool import errors
+from fastpool._runtime._lazy import asyncio  # only a task returning a coroutine needs it
+
+from fastpool._native._core cimport (
+    FP_AUX_FLUSH, FP_AUX_FN_ID, FP_AUX_FN_LEN, FP_AUX_HANDOFFS, FP_K_CALL, FP_K_CALLKW, FP_K_STARCHUNK, FP_K_STOP,
+    FP_K_TASK_LIMIT, FP_R_BAD_RESULT, FP_R_ERR, FP_R_OK, FP_R_SKIPPED, Board, fp_now_ns, fp_recv_t,
+)
+from fastpool._native._alloc cimport owned_roots
+from fastpool._native._sys cimport FP_AGAIN, FP_OK
+
+cdef object _loads = pickle.loads
+cdef object _dumps = pickle.dumps
+cdef object _iscoroutine = inspect.iscoroutine
+
+DEF RESULT_WAIT_NS = 3600 * 1000000000  # a parent that reads nothing for an hour is gone
+
+# Exit codes the parent reads as "why the worker left".
+EXIT_STOPPED = 0
+EXIT_RESULT_STUCK = 5
+EXIT_TASK_RING_CORRUPT = 6
+EXIT_ARENA_CORRUPT = 7
+
+
+cdef inline bint _atomic(object x):
+    t = type(x)
+    return t is int or t is float or t is str or t is bytes or t is bool or t is complex
+
+
+cdef inline int64_t _ns(double seconds) noexcept:
+    return <int64_t>(seconds * 1e9) if seconds > 0 else 0
+
+
+def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice_s):
+    """Runs tasks from slot's ring until told to stop.
+
+    Returns EXIT_STOPPED on K_STOP or when the parent process is gone,
+    EXIT_RESULT_STUCK if a result found no room for an hour,
+    EXIT_TASK_RING_CORRUPT if the task ring breaks its format, and
+    EXIT_ARENA_CORRUPT after reporting that its arena region was written over (the
+    parent then sees a death, judges it, repairs what it must and replaces it)."""
+    cdef dict fns = {}
+    cdef fp_recv_t rec
+    cdef int rc
+    cdef uint32_t kind, rkind
+    cdef uint64_t wire, aux, flen
+    cdef int64_t t0, spin_ns = _ns(spin_s), slice_ns = _ns(pop_slice_s), spin = spin_ns
+    cdef uint64_t flags
+    cdef bint skipped, sent
+    cdef const char *outp
+    cdef Py_ssize_t outn
+    encode_exception = _codec.encode_exception
+    encode_result = _codec.encode_result
+    with_handoffs = _codec.with_handoffs
+    encode_bad_result = _codec.encode_bad_result
+    run_chunk = _call.run_chunk
+    while True:
+        with nogil:
+            rc = board.next_task(slot, &rec, slice_ns, spin)
+        if rc == FP_AGAIN:
+            spin = 0
+            if os.getppid() != parent_pid:
+                return EXIT_STOPPED
+            continue
+        if rc != FP_OK:
+            return EXIT_TASK_RING_CORRUPT
+        kind, wire, aux = rec.kind, rec.task_id, rec.aux
+        if kind >= FP_K_TASK_LIMIT:
+            board.release_task(slot, rec.next)
+            if kind == FP_K_STOP:
+                return EXIT_STOPPED
+            continue
+        skipped = board.start_task(slot, wire)  # before the record is consumed
+        flen = FP_AUX_FN_LEN(aux)
+        if flen > rec.len:
+            flen = rec.len  # a malformed record fails below, as its task's error
+        fn_data = PyBytes_FromStringAndSize(<const char *>rec.payload, flen) if flen else None
+        arg_data = PyBytes_FromStringAndSize(<const char *>rec.payload + flen, rec.len - flen)
+        board.release_task(slot, rec.next)
+        if aux & FP_AUX_FLUSH:
+            fns.clear()
+        fid = FP_AUX_FN_ID(aux)
+        if fn_data is not None:
+            fns[fid] = fn_data  # unpickled on first use, so a bad pickle fails its own task
+        if skipped:
+            board.put_result(slot, FP_R_SKIPPED, wire, 0, NULL, 0, RESULT_WAIT_NS)
+            board.finish(slot, False)
+            continue
+        t0 = fp_now_ns()
+        out = None
+        rkind = FP_R_OK
+        damaged = False
+        flags = 0
+        try:
+            fn = fns.get(fid)
+            if fn is None:
+                raise errors.SerializationError(
+                    f"task {wire >> 3}", "its function never reached this worker (fastpool bug)")
+            if type(fn) is bytes:
+                fn = _codec.loads(fn)
+                fns[fid] = fn
+            if kind == FP_K_CALL:
+                result = fn(*_loads(arg_data)) if PyBytes_GET_SIZE(arg_data) else fn()
+            elif kind == FP_K_CALLKW:
+                args, kwargs = _loads(arg_data)
+                result = fn(*args, **kwargs)
+                args = kwargs = None
+            else:
+                result = run_chunk(fn, _loads(arg_data), kind == FP_K_STARCHUNK)
+            arg_data = None  # drop this worker's views of the call's shared arrays before replying
+            if _iscoroutine(result):
+                result = asyncio.run(result)
+            if result is not None:
+                if _atomic(result):
+                    out = _dumps(result, 5)
+                else:
+                    try:
+                        # owned_roots first, while serve's local is the result's only holder
+                        out = encode_result(result, owned_roots(result))
+                        marked = with_handoffs(out)
+                        if marked is not None:  # the parent can take them back whatever happens
+                            out, flags = marked, FP_AUX_HANDOFFS
+                    except errors.SharedMemoryError as exc:  # the arena is full: say so, as itself
+                        out, rkind = encode_exception(exc), FP_R_ERR
+                    except errors.SegmentCorrupt as exc:  # its arena region was written over
+                        out, rkind, damaged = encode_exception(exc), FP_R_ERR, True
+                    except Exception as exc:  # noqa: BLE001 - an unpicklable result fails only its future
+                        out, rkind = encode_bad_result(wire >> 3, exc, result), FP_R_BAD_RESULT
+            result = None
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from a task is the task's error
+            result = arg_data = None
+            out, rkind = encode_exception(exc), FP_R_ERR
+        if out is None:
+            outp, outn = NULL, 0
+        else:
+            outp, outn = PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out)
+        try:
+            sent = board.put_result(slot, rkind, wire, (fp_now_ns() - t0) | flags, outp, outn, RESULT_WAIT_NS) == 1
+        except Exception as exc:  # noqa: BLE001 - a result over the ring limit: say so instead
+            _codec.release_handoff(out)
+            flags = 0
+            err = encode_exception(exc)
+            sent = board.put_result(slot, FP_R_ERR, wire, fp_now_ns() - t0, PyBytes_AS_STRING(err),
+                                    PyBytes_GET_SIZE(err), RESULT_WAIT_NS) == 1
+        out = None
+        board.finish(slot, True)
+        if not sent:
+            return EXIT_RESULT_STUCK
+        if damaged:
+            return EXIT_ARENA_CORRUPT  # the parent repairs the region before a replacement uses it
+        spin = spin_ns

@@ -1,0 +1,94 @@
+"""Worker process entry: attach the board, replay the initializer, then serve.
+
+    template fork -> main(board_fd, slot)
+        attach board (and arena); slot.state = STARTING, slot.pid
+        heartbeat thread: slot.heartbeat += 1 every HEARTBEAT_INTERVAL_S (needs the GIL,
+                          so a worker wedged in C code holding the GIL stops beating)
+        pop K_INIT: run initializer(*initargs); failure -> R_INIT_FAILED, exit 3
+        slot.state = READY; push R_READY
+        _serve.serve(): the compiled task loop, until K_STOP or the parent is gone
+
+Only workers import this module; the parent shares nothing with it but the
+board's format and fastpool._runtime._call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from fastpool._runtime import _call, _codec
+from fastpool._runtime._codec import R_INIT_FAILED, R_READY
+
+HEARTBEAT_INTERVAL_S = 0.05
+POP_SLICE_S = 0.1
+SPIN_AFTER_TASK_S = float(os.environ.get("FASTPOOL_WORKER_SPIN_US", "60")) * 1e-6
+INIT_WAIT_S = 120.0
+
+EXIT_NO_INIT = 4
+EXIT_INIT_FAILED = 3
+
+
+def _heartbeat(board: Any, slot: int, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_INTERVAL_S):
+        board.beat(slot)
+
+
+def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) -> int:
+    from fastpool._native._core import SLOT_READY, SLOT_STARTING, Board
+    from fastpool._runtime import _serve
+
+    # The template ignores SIGINT (Ctrl-C in the terminal is the parent's); a worker
+    # takes it back, so a pool interrupted by Ctrl-C can interrupt the tasks it runs.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    board = Board.attach(board_fd)
+    os.close(board_fd)
+    if arena_fd >= 0:  # before K_INIT: initargs may hold shared arrays
+        from fastpool._native._arena import Arena
+
+        _codec.set_process_arena(Arena.attach(arena_fd, slot + 1))
+        os.close(arena_fd)
+    pid = os.getpid()
+    board.set_state(slot, SLOT_STARTING, pid)
+    _call.CURRENT["board"], _call.CURRENT["slot"] = board, slot
+    stop = threading.Event()
+    beat = threading.Thread(
+        target=_heartbeat, args=(board, slot, stop), name="fastpool-heartbeat", daemon=True
+    )
+    beat.start()
+    parent = os.getppid()
+
+    # Only the K_INIT of our own spawn request: a worker forked for a request its
+    # slot gave up on (a start that timed out) must not take a successor's record.
+    rec = board.pop_init(slot, req, INIT_WAIT_S)
+    if rec is None:
+        return EXIT_NO_INIT
+    try:
+        initializer, initargs, blas_threads = _codec.loads(rec)
+        if blas_threads and blas_threads > 1:
+            _set_blas_threads(blas_threads)
+        if initializer is not None:
+            fn = _codec.loads(initializer) if isinstance(initializer, bytes) else initializer
+            _call.run(fn, initargs, {})
+    except BaseException as exc:  # noqa: BLE001 - SystemExit in an initializer is a failure too
+        board.push_result(slot, R_INIT_FAILED, 0, 0, _codec.encode_exception(exc), 5.0)
+        return EXIT_INIT_FAILED
+    del rec, initargs
+    board.set_state(slot, SLOT_READY)
+    board.push_result(slot, R_READY, 0, pid, b"", 5.0)
+    code = _serve.serve(board, slot, parent, SPIN_AFTER_TASK_S, POP_SLICE_S)
+    stop.set()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _set_blas_threads(n: int) -> None:
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(n)

@@ -1,0 +1,894 @@
+"""Worker processes: spawning through the template, pidfds, timers, liveness,
+memory, kills, and what happens to a dead worker's tasks.
+
+    supervisor thread (selector)                      the thread that drives results
+    ----------------------------                      -----------------------------
+    template conn: ("pid", req, pid) + pidfd          on_attention (board flag):
+                   ("exit", pid, code)                  for each death: drain its result ring,
+    pidfd readable -> death queued, board flagged ----->  take its tasks; the one it ran is
+    timers: restart (backoff, breaker), respawn           judged (_verdict): retried once
+            (after a verdict), start deadline             (pure=True) or failed; the others
+    liveness: task timeouts, heartbeats -> kill           go back to the queue front; the
+    memory: owned bytes vs memory_limit -> kill;          slot backs off (or not: a verdict)
+            leak -> retire; pressure -> pause
+
+The supervisor reaches the dispatcher only through its public methods and is
+reached back through the hooks it implements (``on_ready``, ``on_attention``,
+...), which the dispatcher calls with none of its locks held.  Lock order: the
+supervisor's lock, then (inside dispatcher methods) the dispatcher's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import select
+import selectors
+import signal
+import threading
+import time
+from collections import deque
+from concurrent.futures import CancelledError
+from typing import Any, Callable
+
+from fastpool import errors, telemetry
+from fastpool._runtime import _codec, _template
+from fastpool._supervision import _memory, _policy, _verdict
+from fastpool._supervision._verdict import Cause, Kill
+
+log = logging.getLogger("fastpool")
+
+EXIT_STATUS_WAIT_S = 1.0
+STOP_GRACE_S = 2.0
+DEFAULT_START_TIMEOUT_S = 60.0
+
+_reqs = itertools.count(1)
+
+
+class Slot:
+    """The supervisor's facts about one worker slot (states: empty, starting, ready,
+    backing_off, open, dead)."""
+
+    __slots__ = (
+        "id",
+        "state",
+        "pid",
+        "pidfd",
+        "breaker",
+        "spawned_at",
+        "kill",
+        "req",
+        "cur_seen",
+        "cur_since",
+        "hb_seen",
+        "hb_since",
+        "init_error",
+        "mem",
+        "cg",
+        "cg_text",
+        "oom_before",
+        "oom_last",
+        "baseline",
+        "via",
+        "retiring",
+        "start_deadline",
+        "kill_pending",
+    )
+
+    def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
+        self.id = sid
+        self.state = "empty"
+        self.pid: int | None = None
+        self.pidfd: int | None = None
+        self.breaker = breaker
+        self.spawned_at = 0.0
+        self.kill: Kill | None = None
+        self.req = 0
+        self.cur_seen = 0
+        self.cur_since = 0.0
+        self.hb_seen = -1
+        self.hb_since = 0.0
+        self.init_error: BaseException | None = None
+        self.mem: _memory.WorkerMemory | None = None
+        self.cg: dict | None = None
+        self.cg_text: str | None = None
+        self.oom_before: int | None = None
+        self.oom_last: int | None = None
+        self.baseline: int | None = None
+        self.via: Any = None  # the template connection that forked this slot's worker
+        self.retiring = False
+        self.start_deadline = 0.0
+        self.kill_pending = False  # a SIGKILL decided before the worker's pidfd arrived
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("starting", "ready")
+
+
+class Supervisor:
+    """Owns the worker processes of one pool.  See the module docstring.
+
+    ``settings`` holds the pool's supervision options: task_timeout,
+    hang_timeout, start_timeout, memory_limit, memory_interval_s, leak_threshold,
+    min_available, available_memory (a callable)."""
+
+    def __init__(
+        self,
+        nslots: int,
+        board: Any,
+        arena: Any,
+        disp: Any,
+        tel: telemetry.Telemetry,
+        init_payload: bytes,
+        settings: dict[str, Any],
+        breaker_factory: Callable[[], _policy.SlotBreaker],
+    ) -> None:
+        self.board = board
+        self.arena = arena
+        self.disp = disp
+        self.tel = tel
+        self.init_payload = init_payload
+        self.settings = settings
+        self.slots = [Slot(i, breaker_factory()) for i in range(nslots)]
+        self.lock = threading.RLock()
+        self.stopping = False
+        self.paused = False
+        self.last_available: int | None = None
+        self._deaths: deque[tuple[int, int, int | None]] = deque()
+        self._timers: list[tuple[float, int, str, int]] = []
+        self._timer_seq = itertools.count()
+        self._pending_exit: dict[int, int] = {}
+        self._send_lock = threading.Lock()
+        self._next_memory_tick = 0.0
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.sel = selectors.DefaultSelector()
+        self.conn = _template.template().connect()
+        self.sel.register(self.conn, selectors.EVENT_READ, ("conn", -1))
+        self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
+
+    # ---- spawning ------------------------------------------------------------------
+
+    def spawn_all(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for slot in self.slots:
+                self._spawn(slot, now)
+
+    def _spawn(self, slot: Slot, now: float) -> None:
+        """Asks the template for a worker in this slot (supervisor lock held)."""
+        try:
+            self.arena.check_region(slot.id + 1)
+        except errors.SegmentCorrupt as exc:  # whatever its last owner left: whole again first
+            lost = self.arena.reset_region(slot.id + 1)
+            log.warning(
+                "fastpool: worker %d's arena region was damaged (%s); repaired, quarantining "
+                "%d bytes",
+                slot.id,
+                exc,
+                lost,
+            )
+        slot.req = next(_reqs)  # unique across slots and pools: the reply, and K_INIT, carry it
+        self.disp.slot_spawned(slot.id, self.init_payload, slot.req)  # rings reset, K_INIT queued
+        slot.state = "starting"
+        slot.init_error = None
+        slot.spawned_at = now
+        slot.start_deadline = now + self.settings["start_timeout"]
+        slot.kill = None
+        slot.kill_pending = False
+        slot.pid = None
+        slot.cur_seen, slot.hb_seen = 0, -1
+        slot.mem, slot.cg, slot.oom_before, slot.oom_last, slot.baseline, slot.cg_text = (None,) * 6
+        slot.retiring = False
+        msg, fds = ("spawn", slot.req, slot.id, {}), [self.board.fileno(), self.arena.fileno()]
+        with self._send_lock:
+            try:
+                _template._send(self.conn, msg, fds)
+            except OSError:  # the template died (its workers with it): start another
+                self._reconnect_template()
+                _template._send(self.conn, msg, fds)
+            slot.via = self.conn
+        self._add_timer(slot.start_deadline, "start-deadline", slot.id)
+
+    def _reconnect_template(self) -> None:
+        """The template's connection closed: its workers are dead too (they die with it),
+        and their pidfds report it.  A new template serves the restarts."""
+        try:
+            self.sel.unregister(self.conn)
+        except (KeyError, ValueError):
+            pass
+        self.conn.close()
+        if self.stopping:
+            return
+        log.error("fastpool: the worker template exited; starting a new one")
+        self.conn = _template.template().connect()
+        self.sel.register(self.conn, selectors.EVENT_READ, ("conn", -1))
+
+    # ---- hooks the dispatcher calls (no dispatcher lock held) -----------------------
+
+    def on_ready(self, sid: int, pid: int) -> None:
+        with self.lock:
+            slot = self.slots[sid]
+            if slot.state == "starting" and slot.pid in (None, pid):
+                slot.pid = pid  # READY can overtake the template's ("pid", ...) message
+                slot.state = "ready"
+
+    def on_init_failed(self, sid: int, payload: bytes | None) -> None:
+        try:
+            exc = _codec.decode_exception(payload or b"")
+        except Exception as err:  # noqa: BLE001 - a payload the worker could have scribbled
+            exc = errors.InitializerError(f"undecodable initializer failure: {err!r}", sid)
+        with self.lock:
+            self.slots[sid].init_error = exc
+
+    def on_first_reply(self, sid: int) -> None:
+        self.slots[sid].breaker.on_success()  # first reply, not spawn: see _policy
+
+    def on_retire(self, sid: int) -> None:
+        with self.lock:
+            self._retire(self.slots[sid])
+
+    def on_corrupt(self, sid: int, what: str) -> None:
+        with self.lock:
+            slot = self.slots[sid]
+            self.tel.count("corrupt")
+            if slot.kill is None and slot.pid is not None:
+                self.kill(slot, Kill(Cause.CORRUPT, None, what))
+
+    def on_bad_result(self, task: Any) -> None:
+        log.warning(
+            "fastpool: task %s (%s) returned a result that cannot be pickled; the worker is fine",
+            task.id,
+            task.fn_name,
+        )
+
+    def circuit_error(self) -> BaseException | None:
+        """CircuitOpen while every slot's breaker is open (called under the dispatcher
+        lock: reads the breakers only)."""
+        is_open, retry, cause = _policy.all_open([s.breaker for s in self.slots], time.monotonic())
+        return errors.CircuitOpen(retry, cause) if is_open else None
+
+    def on_attention(self) -> None:
+        """Deaths the supervisor thread queued: judged here, on the thread that holds
+        the drive lock (a dead worker's result ring must be drained first)."""
+        while self._deaths:
+            sid, pid, exitcode = self._deaths.popleft()
+            self._handle_death(sid, pid, exitcode)
+
+    # ---- deaths ----------------------------------------------------------------------
+
+    def _handle_death(self, sid: int, pid: int, exitcode: int | None) -> None:
+        disp = self.disp
+        failed: list[tuple[Any, BaseException]] = []
+        inline: list[Any] = []
+        slot = self.slots[sid]
+        if slot.pid != pid:
+            return
+        # Everything the worker published before it died settles first: those tasks
+        # finished, and must neither run again nor be judged.  (No supervisor lock:
+        # settling runs done-callbacks.)
+        disp.drain_slot(sid)
+        with self.lock:
+            if slot.pid != pid:
+                return
+            tasks = disp.take_slot(sid)
+            try:
+                self.arena.reclaim(sid)  # the dead worker's references on shared blocks
+            except errors.SegmentCorrupt:
+                self._repair_arena(dead=sid)
+            current = self.board.current(sid)
+            kill, slot.kill = slot.kill, None
+            if kill is not None and kill.cause is Cause.CORRUPT:
+                # Its ring and slot words are not to be trusted: which of its tasks ran
+                # cannot be known, so none is run again; each fails with the damage.
+                for t in tasks:
+                    failed.append(
+                        (
+                            t,
+                            errors.SegmentCorrupt(
+                                f"task {t.id} was held by worker {sid} (pid {pid}), which damaged the pool's "
+                                f"shared memory ({kill.detail}); the worker was killed and replaced"
+                            ),
+                        )
+                    )
+                tasks = []
+            victim = next((t for t in tasks if t.wire == current), None)
+            disp.requeue([t for t in tasks if t is not victim])  # never started: back to the front
+            planned = self.stopping or (kill is not None and kill.cause.planned)
+            if planned and victim is None:
+                slot.state, slot.pid, slot.retiring = "dead", None, False
+                if kill is not None and kill.cause is Cause.RETIRED and not self.stopping:
+                    self.tel.count("recycled")
+                    self._spawn(slot, time.monotonic())  # a planned exit: no backoff, no breaker
+                return
+            death = self._death_facts(slot, pid, exitcode, kill)
+            facts = _task_facts(victim) if victim is not None else None
+            cause, detail = _verdict.cause_of(death, facts)
+            result = _verdict.outcome(cause, facts) if facts is not None else None
+            self.tel.count("killed" if cause.by_fastpool else "crashed")
+            rec = _verdict.record(death, cause, detail, facts, result)
+            self.tel.crash(rec)
+            if victim is not None and facts is not None:
+                if victim.cancel_requested:
+                    failed.append(
+                        (
+                            victim,
+                            CancelledError(
+                                f"task {victim.id} was cancelled; its worker died before it stopped"
+                            ),
+                        )
+                    )
+                elif result == "retry":
+                    disp.retry(victim)
+                else:
+                    failed.append(
+                        (
+                            victim,
+                            _verdict.exception_for(death, cause, detail, facts, result or "fail"),
+                        )
+                    )
+            if cause.verdict:
+                # The worker was healthy; fastpool stopped it for its task.
+                slot.pid, slot.state = None, "backing_off"
+                self._add_timer(time.monotonic(), "respawn", slot.id)
+                restart = "a replacement starts now"
+            else:
+                restart = self._schedule_restart(
+                    slot, cause, detail or rec.get("signal") or str(exitcode)
+                )
+            level, text = _verdict.sentence(death, cause, detail, facts, result, restart)
+            log.log(level, text)
+            if all(s.state == "open" for s in self.slots):
+                disp.set_circuit_open(True)
+                exc = self.circuit_error()
+                if exc is not None:
+                    for t in disp.take_queue():
+                        if t.options is not None and t.options.fallback == "inline":
+                            inline.append(t)
+                        else:
+                            failed.append((t, exc))
+        for task, exc in failed:
+            if isinstance(exc, CancelledError):
+                disp.cancelled(task)
+            else:
+                disp.fail(task, exc)
+        for task in inline:
+            self.run_inline(task)
+
+    def _death_facts(
+        self, slot: Slot, pid: int, exitcode: int | None, kill: Kill | None
+    ) -> _verdict.Death:
+        confirmed, evidence = False, ""
+        if exitcode == -signal.SIGKILL and kill is None:
+            after = _memory.oom_kill_count(slot.cg) if slot.cg else None
+            mem = slot.mem
+            confirmed, evidence = _memory.judge_sigkill(
+                slot.oom_before,
+                after,
+                mem.current_bytes if mem and mem.samples else None,
+                _cgroup_limit(slot.cg) or self.settings["memory_limit"],
+                False,
+            )
+        mem = slot.mem
+        limit = self.settings["memory_limit"]
+        if confirmed:
+            limit = _cgroup_limit(slot.cg) or limit
+        return _verdict.Death(
+            slot=slot.id,
+            pid=pid,
+            exitcode=exitcode,
+            kill=kill,
+            starting=slot.state == "starting",
+            init_error=slot.init_error,
+            oom_confirmed=confirmed,
+            oom_evidence=evidence,
+            memory=_verdict.MemoryFacts(
+                limit,
+                mem.current_bytes if mem and mem.samples else None,
+                mem.peak_bytes if mem and mem.samples else None,
+            ),
+            age_s=time.monotonic() - slot.spawned_at,
+            served=self.disp.slot_view(slot.id)[2],
+        )
+
+    def _repair_arena(self, dead: int) -> None:
+        """Some process wrote over arena block headers.  A dead worker's region, and the
+        parent's own, are made whole here (their owners are not allocating); a live
+        worker's damaged region costs that worker: it is killed, and its region is
+        made whole before its replacement starts (see _spawn)."""
+        for region, exc in self.arena.corrupt_regions().items():
+            owner = self.slots[region - 1] if region > 0 else None
+            if owner is not None and owner.id != dead and owner.live and owner.pid is not None:
+                if owner.kill is None:
+                    self.tel.count("corrupt")
+                    self.kill(
+                        owner,
+                        Kill(Cause.CORRUPT, None, f"its arena region is damaged: {exc.detail}"),
+                    )
+                continue
+            lost = self.arena.reset_region(region)
+            log.warning(
+                "fastpool: the shared arena's region %d was written over (%s); it was repaired, "
+                "quarantining %d bytes",
+                region,
+                exc,
+                lost,
+            )
+
+    def run_inline(self, task: Any) -> None:
+        """Degraded mode: the pool cannot serve, so the caller's process runs the task."""
+        from fastpool._runtime import _call
+
+        self.tel.count("inline")
+        try:
+            fn, args, kwargs = task.decode_call()
+            value = _call.run(fn, args, kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported on the future like any task error
+            self.disp.settle_inline(task, None, exc)
+        else:
+            self.disp.settle_inline(task, value, None)
+
+    def _schedule_restart(self, slot: Slot, cause: Cause, detail: str) -> str:
+        slot.pid = None
+        action, at = slot.breaker.on_failure(time.monotonic(), f"{cause.value}: {detail}")
+        slot.state = "open" if action == "open" else "backing_off"
+        self._add_timer(at, "restart", slot.id)
+        wait = max(0.0, at - time.monotonic())
+        if action == "open":
+            return f"its slot failed {slot.breaker.failures} times in a row, so it rests for {wait:.0f} s"
+        return f"a replacement starts in {wait * 1000:.0f} ms"
+
+    def _retire(self, slot: Slot) -> None:
+        """Asks an idle worker to exit between tasks; its death spawns the replacement."""
+        if slot.kill is not None or slot.pid is None:
+            return
+        slot.kill = Kill(Cause.RETIRED)
+        self.disp.slot_stopping(slot.id)
+        if not self.board.push_control(slot.id, _codec.K_STOP):
+            self.kill(slot, Kill(Cause.RETIRED))
+
+    def kill(self, slot: Slot, reason: Kill) -> None:
+        """SIGKILLs the slot's worker; reason says why (the death is judged by it)."""
+        slot.kill = reason
+        self.disp.slot_stopping(slot.id)
+        slot.kill_pending = slot.pidfd is None
+        if slot.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(slot.pidfd, signal.SIGKILL)
+            except (ProcessLookupError, OSError):
+                pass
+
+    def kill_for_cancel(self, sid: int, wire: int) -> None:
+        with self.lock:
+            slot = self.slots[sid]
+            if slot.kill is None:
+                self.kill(slot, Kill(Cause.CANCELLED, wire, "cancelled by force"))
+
+    # ---- the supervisor thread ------------------------------------------------------
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                self._once()
+            except Exception:  # noqa: BLE001 - the supervisor must outlive any one failure
+                if self.stopping:
+                    return
+                log.exception("fastpool supervisor: an iteration failed; going on")
+                time.sleep(0.01)
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _once(self) -> None:
+        for key, _ in self.sel.select(self._next_timeout()):
+            what, sid = key.data
+            if what == "conn":
+                self._read_template()
+            elif what == "wake":
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+            elif what == "pidfd":
+                self._on_pidfd(sid, key.fileobj)  # type: ignore[arg-type]
+        self._run_timers()
+        self._check_liveness()
+        if time.monotonic() >= self._next_memory_tick:
+            self._next_memory_tick = time.monotonic() + self.settings["memory_interval_s"]
+            self._check_memory()
+
+    def _next_timeout(self) -> float:
+        s = self.settings
+        t = 0.1 if (s["task_timeout"] or s["hang_timeout"]) else 0.5
+        with self.lock:
+            if self._timers:
+                t = min(t, max(0.0, self._timers[0][0] - time.monotonic()))
+        return t
+
+    def _read_template(self) -> None:
+        if not select_read(self.conn, 0):
+            return  # the event was stale: _on_pidfd already read this message
+        try:
+            msg, fds = _template._recv(self.conn)
+        except OSError:
+            msg, fds = None, []
+        if msg is None:
+            with self.lock:
+                self._reconnect_template()
+            return
+        if msg[0] == "pid":
+            _, req, pid = msg
+            pidfd = fds[0] if fds else None
+            with self.lock:
+                for slot in self.slots:
+                    if (
+                        slot.req == req
+                        and slot.live
+                        and slot.pidfd is None
+                        and slot.pid in (None, pid)
+                    ):
+                        slot.pid = pid
+                        slot.pidfd = pidfd
+                        if pidfd is not None:
+                            self.sel.register(pidfd, selectors.EVENT_READ, ("pidfd", slot.id))
+                            if slot.kill_pending and slot.kill is not None:
+                                # decided before its pid arrived (it went READY first): carry it out
+                                self.kill(slot, slot.kill)
+                        break
+                else:
+                    # A reply no slot waits for (its start timed out, or the slot moved
+                    # on): that worker must not live unwatched.  It cannot take another
+                    # start's K_INIT (each carries its own request id); kill it anyway.
+                    if pidfd is not None:
+                        try:
+                            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                        except (ProcessLookupError, OSError):
+                            pass
+                        os.close(pidfd)
+        elif msg[0] == "exit":
+            _, pid, code = msg
+            self._pending_exit[pid] = code
+        elif msg[0] == "spawn-failed":
+            _, req, err, text = msg
+            with self.lock:
+                for slot in self.slots:
+                    if slot.req == req and slot.state == "starting" and slot.pid is None:
+                        self._start_failed(
+                            slot, Cause.SPAWN_FAILED, f"fork failed: {text} (errno {err})"
+                        )
+                        break
+
+    def _start_failed(self, slot: Slot, cause: Cause, detail: str) -> None:
+        """A start that never produced a worker: a failure of the slot (backoff, breaker)."""
+        self.tel.count("spawn_failures")
+        death = _verdict.Death(
+            slot=slot.id,
+            pid=slot.pid or 0,
+            exitcode=None,
+            starting=True,
+            age_s=time.monotonic() - slot.spawned_at,
+        )
+        self.tel.crash(_verdict.record(death, cause, detail, None, None))
+        self.disp.requeue(self.disp.take_slot(slot.id))  # nothing is dispatched to a starting slot
+        restart = self._schedule_restart(slot, cause, detail)
+        level, text = _verdict.sentence(death, cause, detail, None, None, restart)
+        log.log(level, text)
+
+    def _on_pidfd(self, sid: int, pidfd: int) -> None:
+        self.sel.unregister(pidfd)
+        slot = self.slots[sid]
+        pid = slot.pid
+        deadline = time.monotonic() + EXIT_STATUS_WAIT_S
+        # Only the template that forked the worker can report its status; once that
+        # connection is gone (the template died, and its workers with it) stop waiting.
+        while (
+            pid not in self._pending_exit and time.monotonic() < deadline and slot.via is self.conn
+        ):
+            if not select_read(self.conn, deadline - time.monotonic()):
+                break
+            self._read_template()
+        exitcode = self._pending_exit.pop(pid, None) if pid is not None else None
+        if exitcode is None and slot.via is not self.conn:
+            exitcode = -signal.SIGKILL  # PR_SET_PDEATHSIG: it died with its template
+        os.close(pidfd)
+        with self.lock:
+            if slot.pidfd == pidfd:
+                slot.pidfd = None
+        if pid is not None:
+            self._deaths.append((sid, pid, exitcode))
+            self.board.flag_attention()
+
+    def _add_timer(self, when: float, what: str, sid: int) -> None:
+        with self.lock:
+            heapq.heappush(self._timers, (when, next(self._timer_seq), what, sid))
+        self.wake()
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            due = []
+            while self._timers and self._timers[0][0] <= now:
+                due.append(heapq.heappop(self._timers))
+            for _, _, what, sid in due:
+                if self.stopping:
+                    return
+                slot = self.slots[sid]
+                if what == "respawn":  # after a verdict: no breaker
+                    if slot.state == "backing_off" and slot.pid is None:
+                        self.tel.count("restarts")
+                        self._spawn(slot, now)
+                elif what == "restart":
+                    if slot.state not in ("backing_off", "open") or not slot.breaker.may_restart(
+                        now
+                    ):
+                        if slot.state == "open" and slot.breaker.retry_at:
+                            self._add_timer(slot.breaker.retry_at, "restart", sid)
+                        continue
+                    self.tel.count("restarts")
+                    self.disp.set_circuit_open(False)
+                    self._spawn(slot, now)
+                elif what == "start-deadline":
+                    if (
+                        slot.state == "starting"
+                        and slot.start_deadline <= now
+                        and slot.kill is None
+                    ):
+                        detail = (
+                            f"no READY within start_timeout={self.settings['start_timeout']:g} s"
+                        )
+                        if slot.pidfd is not None:
+                            self.kill(slot, Kill(Cause.START_TIMEOUT, None, detail))
+                        else:  # the spawn request itself got lost (a template that went away)
+                            self._start_failed(slot, Cause.START_TIMEOUT, detail)
+
+    def _check_liveness(self) -> None:
+        """Task timeouts and heartbeats: expiry kills the worker, judged as a verdict."""
+        if self.board.closed:
+            return
+        now = time.monotonic()
+        task_timeout, hang_timeout = self.settings["task_timeout"], self.settings["hang_timeout"]
+        with self.lock:
+            for slot in self.slots:
+                if slot.state != "ready" or slot.pidfd is None or slot.kill is not None:
+                    continue
+                _, _, cur, hb, _ = self.board.slot_info(slot.id)
+                if cur != slot.cur_seen:
+                    slot.cur_seen, slot.cur_since = cur, now
+                if hb != slot.hb_seen:
+                    slot.hb_seen, slot.hb_since = hb, now
+                if not cur:
+                    continue
+                task = self.disp.task_on(slot.id, cur)
+                limit = (
+                    task.options.timeout
+                    if task is not None and task.options and task.options.timeout
+                    else task_timeout
+                )
+                if limit and now - slot.cur_since > limit:
+                    self.kill(slot, Kill(Cause.TIMEOUT, cur, f"{limit:g}"))
+                elif hang_timeout and now - slot.hb_since > hang_timeout:
+                    self.kill(
+                        slot,
+                        Kill(
+                            Cause.HUNG,
+                            cur,
+                            f"no heartbeat for {now - slot.hb_since:.1f} s "
+                            f"(hang_timeout={hang_timeout:g} s)",
+                        ),
+                    )
+
+    def _check_memory(self) -> None:
+        """Owned memory per worker (limit, leak), its cgroup's OOM counter, and system pressure."""
+        now = time.monotonic()
+        limit, leak = self.settings["memory_limit"], self.settings["leak_threshold"]
+        for slot in self.slots:
+            pid = slot.pid
+            if pid is None or not slot.live or slot.kill is not None:
+                continue
+            if slot.mem is None or slot.mem.pid != pid:
+                slot.mem = _memory.WorkerMemory(slot.id, pid)
+            # what it owns: private memory, plus its own arena blocks (its NumPy arrays
+            # live there, through the allocator hook), never the shared data it reads
+            sample = slot.mem.sample(now, self.arena.held_bytes(slot.id + 1))
+            if sample is None or sample.total_rss_bytes == 0:  # dying: see oom_baseline
+                continue
+            # A worker (or its task) may move itself to another cgroup: follow it every
+            # tick, and read that cgroup's OOM counter while the worker is alive, so that
+            # after a SIGKILL we compare the same cgroup's counter before and after.
+            try:
+                with open(f"/proc/{pid}/cgroup") as f:
+                    where: str | None = f.read()
+            except OSError:
+                where = None
+            if where != slot.cg_text or slot.cg is None:  # resolving the paths costs ~100 us
+                slot.cg_text = where
+                slot.cg = _memory.cgroup_of(pid)
+                slot.oom_before = slot.oom_last = None  # another cgroup: another counter
+            count = _memory.oom_kill_count(slot.cg)
+            if slot.pidfd is not None and not select_read(slot.pidfd, 0):
+                # a reading may already count this worker's own kill: see oom_baseline
+                slot.oom_before = _memory.oom_baseline(slot.oom_before, slot.oom_last, count)
+                slot.oom_last = count
+            if limit and sample.rss_bytes > limit:
+                cur = self.board.current(slot.id) if slot.state == "ready" else 0
+                with self.lock:
+                    if slot.kill is None:
+                        self.kill(
+                            slot,
+                            Kill(
+                                Cause.MEMORY,
+                                cur or None,
+                                f"{sample.rss_bytes / 2**20:.1f} MiB, over memory_limit "
+                                f"{limit / 2**20:.1f} MiB",
+                            ),
+                        )
+                continue
+            served = self.disp.slot_view(slot.id)[2]
+            if served >= 1 and slot.baseline is None:
+                slot.baseline = sample.rss_bytes  # after the first task: imports and caches are in
+            if (
+                leak
+                and slot.baseline is not None
+                and not slot.retiring
+                and _memory.leaked(slot.baseline, sample.rss_bytes, leak)
+            ):
+                with self.lock:
+                    slot.retiring = True
+                    if self.disp.set_accepting(slot.id, False):
+                        self._retire(slot)
+        self._check_pressure()
+
+    def _check_pressure(self) -> None:
+        floor = self.settings["min_available"]
+        if floor is None:
+            return
+        try:
+            avail = self.settings["available_memory"]()
+        except Exception:  # noqa: BLE001 - a reading we cannot take pauses nothing
+            return
+        self.last_available = avail
+        paused = avail < floor
+        if paused != self.paused:
+            self.paused = paused
+            if paused:
+                self.tel.count("paused")
+                log.warning(
+                    "fastpool: available memory %d MiB is below %d MiB; dispatch paused",
+                    avail >> 20,
+                    floor >> 20,
+                )
+            else:
+                log.warning(
+                    "fastpool: memory is back (%d MiB available); dispatch resumed", avail >> 20
+                )
+            self.disp.set_paused(paused)
+
+    # ---- teardown --------------------------------------------------------------------
+
+    def stop_workers(self) -> None:
+        """Asks every live worker to exit, then SIGKILLs stragglers after STOP_GRACE_S.
+
+        Called once the supervisor thread has stopped."""
+        with self.lock:
+            self.stopping = True
+            for slot in self.slots:
+                if slot.live:  # its pid may not have arrived yet
+                    slot.kill = Kill(Cause.STOPPED)
+                    self.disp.slot_stopping(slot.id)
+                    if not self.board.push_control(slot.id, _codec.K_STOP):
+                        self.kill(slot, Kill(Cause.STOPPED))
+        self.wake()
+
+    def interrupt_running(self) -> None:
+        """SIGINT to every worker running a task: the task raises KeyboardInterrupt."""
+        with self.lock:
+            for slot in self.slots:
+                if slot.pidfd is not None and slot.state == "ready" and self.board.current(slot.id):
+                    try:
+                        signal.pidfd_send_signal(slot.pidfd, signal.SIGINT)
+                    except (ProcessLookupError, OSError):
+                        pass
+
+    def reap_workers(self, grace_s: float = STOP_GRACE_S) -> None:
+        deadline = time.monotonic() + grace_s
+        for slot in self.slots:
+            if slot.pidfd is None:
+                continue
+            if not select_read(slot.pidfd, max(0.0, deadline - time.monotonic())):
+                self.kill(slot, Kill(Cause.STOPPED))
+                select_read(slot.pidfd, 2.0)
+            os.close(slot.pidfd)
+            slot.pidfd = None
+            slot.pid = None
+            slot.state = "dead"
+
+    def close(self) -> None:
+        self.sel.close()
+        self.conn.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # ---- views -------------------------------------------------------------------
+
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.slots if s.pid is not None and s.live]
+
+    def worker_stats(self, board_open: bool) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        out = []
+        for s in self.slots:
+            st = s.state
+            live = s.live and board_open
+            info = self.board.slot_info(s.id) if live else (0, 0, 0, 0, 0)
+            ready, accepting, served, assigned = self.disp.slot_view(s.id)
+            out.append(
+                dict(
+                    slot=s.id,
+                    pid=s.pid,
+                    state=st,
+                    health="healthy" if s.live else s.breaker.state(now),
+                    failures=s.breaker.failures,
+                    current_task=(info[2] >> 3) or None,
+                    served=served,
+                    assigned=assigned,
+                    heartbeat=info[3],
+                    age_s=(now - s.spawned_at) if s.pid else None,
+                    rss_bytes=s.mem.current_bytes if s.mem and live else None,
+                    peak_rss_bytes=s.mem.peak_bytes if s.mem else None,
+                    retiring=s.retiring or not accepting,
+                )
+            )
+        return out
+
+
+def _task_facts(task: Any) -> _verdict.TaskFacts:
+    return _verdict.TaskFacts(
+        id=task.id,
+        wire=task.wire,
+        fn_name=task.fn_name,
+        args=_args_of(task),
+        options=task.options,
+        attempts=task.attempt,
+        transferred=task.transferred,
+    )
+
+
+def _args_of(task: Any) -> str:
+    """Argument shapes, decoded from the task's pickle only when a crash needs them."""
+    try:
+        _fn, args, kwargs = task.decode_call()
+    except Exception:  # noqa: BLE001
+        return "?"
+    return telemetry.summarise_args(args, kwargs)
+
+
+def _cgroup_limit(cg: dict | None) -> int | None:
+    """The memory limit of one cgroup (v2 memory.max or v1 memory.limit_in_bytes)."""
+    if not cg:
+        return None
+    for key, name in (("v2", "memory.max"), ("v1_memory", "memory.limit_in_bytes")):
+        path = cg.get(key)
+        if path is not None:
+            try:
+                value = int((path / name).read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            if value < 1 << 60:
+                return value
+    return None
+
+
+def select_read(fd: Any, timeout: float) -> bool:
+    try:
+        r, _, _ = select.select([fd], [], [], max(0.0, timeout))
+    except (OSError, ValueError):
+        return True
+    return bool(r)
