@@ -228,7 +228,7 @@ def run(target: str, args_text: str, workers: int | None = None, json_path: str 
             "sending it to another process. Give each call more work (a batch of inputs), or stay serial.")
     if _has_big_array(items):
         say("Inputs hold NumPy arrays of 1 MiB or more: allocating them with pool.empty / pool.share "
-            "sends a descriptor instead of the bytes (see the README's Shared arrays).")
+            "sends a descriptor instead of the bytes (see docs/arrays.md).")
     for m in mismatches:
         say(f"WARNING: {m} returned results that differ from the serial run.")
     if json_path:
