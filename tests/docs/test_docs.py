@@ -180,9 +180,10 @@ def broken_links(page: Path) -> list[str]:
 
 
 BLOCKS = [b for page in PAGES for b in python_blocks(page)]
+Done = subprocess.CompletedProcess[str]
 
 
-def _run(block: Block) -> subprocess.CompletedProcess[str]:
+def _run(block: Block) -> Done:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("PYTHONSAFEPATH", None)
@@ -200,7 +201,7 @@ def _run(block: Block) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+def runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Done]]]:
     """Starts every selected, unskipped example at once, PARALLEL at a time."""
     chosen = {item.callspec.params["block"].id for item in request.session.items
               if getattr(item, "originalname", "") == "test_example_runs"
@@ -213,7 +214,7 @@ def runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[subprocess
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_example_runs(block: Block, runs: dict[str, Future[subprocess.CompletedProcess[str]]]) -> None:
+def test_example_runs(block: Block, runs: dict[str, Future[Done]]) -> None:
     if block.skip:
         pytest.skip(f"marked in {block.id}: {block.skip}")
     done = runs[block.id].result()
@@ -242,11 +243,11 @@ def test_the_readme_starts_with_the_two_fresh_machine_commands() -> None:
     """The README's first commands are the install-and-demo and the test suite; .ci/run runs
     the second's test command verbatim."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    commands = re.findall(r"^```sh\n(.*?)\n```", text, flags=re.M | re.S)
+    commands = re.findall(r"^```sh\n(.*?)\n```", text, flags=re.MULTILINE | re.DOTALL)
+    venv = "python -m venv .venv && . .venv/bin/activate && "
     assert commands[:2] == [
-        "python -m venv .venv && . .venv/bin/activate && pip install -e . && python -m fastpool demo",
-        "python -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && "
-        "python -m pytest tests -q",
+        venv + "pip install -e . && python -m fastpool demo",
+        venv + "pip install -e '.[test]' && python -m pytest tests -q",
     ]
     assert "\npython -m pytest tests -q 2>&1" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 260
