@@ -1,7 +1,7 @@
 """Markdown tables from a pytest-benchmark JSON file: one table per group, peers side by side.
 
     python -m pytest benchmarks -p no:cacheprovider --benchmark-only --benchmark-json=bench.json
-    python benchmarks/report.py bench.json            # > the README's benchmark section
+    python benchmarks/report.py bench.json            # > docs/benchmarks.md's tables
     python benchmarks/report.py bench.json --all      # every row, not each peer's best
 
 Each row is a peer (``extra_info["peer"]``), or one of fastpool's shared-memory idioms

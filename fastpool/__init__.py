@@ -1,6 +1,6 @@
 """fastpool: a supervised, zero-copy process pool for NumPy batch work.
 
-Public names only; see README.md for the API and the table of errors.
+Public names only; see docs/api.md for the API and docs/supervision.md for the table of errors.
 """
 
 import importlib as _importlib

@@ -8,9 +8,9 @@
       settled on the executor's                                   scattered arrays: pool.share once
       own thread, errors unwrapped                                 per worker per key, then descriptors
 
-Needs the optional extra: ``pip install 'fastpool[dask]'``.  See README "More than
-one machine".  Dask itself schedules, moves data and restarts workers; fastpool
-supervises the processes on each host and names every failure.
+Needs the optional extra: ``pip install 'fastpool[dask]'``.  See docs/dask.md.  Dask
+itself schedules, moves data and restarts workers; fastpool supervises the processes on
+each host and names every failure.
 """
 
 from __future__ import annotations

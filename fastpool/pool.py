@@ -228,7 +228,7 @@ class Pool(Executor):
 
     ``Pool(workers=None, *, initializer=None, initargs=(), max_queue=None,
     on_full="block", task_timeout=None, hang_timeout=60.0, ...)``: see the
-    README's argument table.  ``workers=None`` or ``"auto"`` sizes the pool to
+    argument table in docs/api.md.  ``workers=None`` or ``"auto"`` sizes the pool to
     the CPUs this process may use (affinity and cgroup quota) and, with
     ``memory_limit``, to the memory it may use.
 
@@ -412,7 +412,7 @@ class Pool(Executor):
     def asubmit(
         self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
     ) -> Coroutine[Any, Any, R]:
-        """``await pool.asubmit(fn, *args, **kwargs)``: ``submit`` for asyncio (README "asyncio").
+        """``await pool.asubmit(fn, *args, **kwargs)``: ``submit`` for asyncio (docs/asyncio.md).
 
         Nothing happens until it is awaited.  While the queue is full the coroutine
         waits for room without blocking the event loop.  Returns the task's result or
@@ -555,8 +555,8 @@ class Pool(Executor):
         run time when the length is unknown).  ``timeout`` counts from this call;
         on ``TimeoutError`` or when the iterator is closed early, chunks not yet
         run are cancelled.  ``progress``: True or "tqdm" (``tqdm.auto``), "rich",
-        or a ``callable(done, total)`` counting finished items (README "Progress
-        bars"); ImportError naming the extra when tqdm is missing.  Raises
+        or a ``callable(done, total)`` counting finished items (docs/asyncio.md,
+        "Progress bars"); ImportError naming the extra when tqdm is missing.  Raises
         PoolClosed, SerializationError as ``submit``.  Thread-safe to call; each
         iterator belongs to one consuming thread."""
         chunks, fn, star, adaptive = self._chunks(fn, iterables, chunksize)
@@ -686,7 +686,7 @@ class Pool(Executor):
         force_cancel: bool = False,
         progress: _progress.ProgressArg = None,
     ) -> AsyncMap[Any]:
-        """``async for r in pool.amap(fn, items)``: ``map`` for asyncio (README "asyncio").
+        """``async for r in pool.amap(fn, items)``: ``map`` for asyncio (docs/asyncio.md).
 
         Results in input order, or as chunks finish with ``ordered=False`` (one
         iterable only).  A window of chunks is in flight; a full queue makes it
@@ -813,7 +813,7 @@ class Pool(Executor):
     def empty(
         self, shape: ShapeLike, dtype: DTypeLike | None = float, order: Literal["C", "F"] = "C"
     ) -> NDArray[Any]:
-        """An uninitialised ndarray in this pool's shared memory (README "Shared arrays").
+        """An uninitialised ndarray in this pool's shared memory (docs/arrays.md).
 
         Passing it, or any view of it, to a task moves a descriptor, not bytes; the
         worker sees the same memory.  Raises SharedMemoryError (saying what is free)

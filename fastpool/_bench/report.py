@@ -5,7 +5,8 @@
     unstable(results)       pyperf-style warnings: rounds whose spread exceeds 10%
     dump / load             --json: raw samples and metadata, and back
     compare(old, new)       asv-style Before / After / Ratio per row
-    plot(results, path)     PNG of the ratios to mp.Pool (matplotlib: fastpool[plot])
+    figure(results)         the ratios to mp.Pool as a matplotlib Figure (fastpool[plot])
+    plot(results, path)     that figure as a PNG
 
 "x mp.Pool" is multiprocessing.Pool's median time in the same scenario over the row's:
 above 1 the row is faster. The geometric mean of a peer takes its plain rows (no
@@ -273,56 +274,156 @@ def require_matplotlib() -> None:
         ) from None
 
 
-def plot(results: list[Result], path: str, title: str = "") -> None:
-    """Horizontal bars from 1 (multiprocessing.Pool) to each row's ratio, on a log axis:
-    right of the line is faster, left slower. One block of bars per scenario."""
+# Reference rows are not pools: the compute alone in the parent, and a bare spawn of a child.
+REFERENCE_ROWS = {
+    IN_PROCESS: "in-process reference, not a pool",
+    SPAWN_REFERENCE: "spawn reference (mp spawn + import numpy), not a pool",
+}
+BASELINE_LABEL = "multiprocessing.Pool = 1.00x (baseline)"
+UNSTABLE_LABEL = f"! faded: unstable, rounds spread over {100 * UNSTABLE_SPREAD:.0f}% of the median"
+
+
+def figure(results: list[Result], title: str = "") -> Any:
+    """The ratios to multiprocessing.Pool as a matplotlib Figure, one block per scenario.
+
+    Bars run from 1 (multiprocessing.Pool, drawn in each block as a diamond at 1.00x on the
+    labelled baseline) to each row's ratio on a log axis whose limits hold every bar and its
+    value: right of the line is faster, left slower. The reference rows (the compute alone
+    in-process, a bare spawn) are hatched and unfilled, named as references in the legend,
+    and a row whose rounds spread beyond UNSTABLE_SPREAD is faded and marked ``!``. Artists
+    carry gids (``baseline``, ``mp:<group>``, ``bar:<group>:<label>``, ``reference:...`` and
+    ``value:...`` for the written ratio) so that tests can read the structure back."""
     require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")  # a file, not a window: works on servers and in CI
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     ratio = ratios(results)
-    groups: OrderedDict[str, list[tuple[str, float]]] = OrderedDict()
+    groups: OrderedDict[str, list[tuple[Result, float]]] = OrderedDict()
     for r in best_rows(results):
-        if (r.scenario, r.label) in ratio and r.label != REFERENCE:
-            groups.setdefault(r.group, []).append((r.label, ratio[(r.scenario, r.label)]))
-    labels = sorted(
-        {lab for rows in groups.values() for lab, _ in rows},
+        if (r.scenario, r.label) in ratio:
+            groups.setdefault(r.group, []).append((r, ratio[(r.scenario, r.label)]))
+    peers = sorted(
+        {
+            r.label
+            for rows in groups.values()
+            for r, _ in rows
+            if r.label not in REFERENCE_ROWS and r.label != REFERENCE
+        },
         key=lambda s: (not s.startswith("fastpool"), s),
     )
-    colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
+    colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(peers)}
+    order = [*peers, REFERENCE, *REFERENCE_ROWS]
+    values = [v for rows in groups.values() for _, v in rows] + [1.0]
+    # Room on both sides for the value written beside the outermost bars (log axis).
+    lo, hi = min(values) / 6.0, max(values) * 6.0
     n_bars = sum(len(v) for v in groups.values())
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.2 * n_bars + 0.25 * len(groups)))
+    fig, ax = plt.subplots(figsize=(13, 1.6 + 0.2 * n_bars + 0.25 * len(groups)))
     y = 0.0
-    ticks, names, seen = [], [], set()
+    ticks, names = [], []
     for group, rows in reversed(groups.items()):
-        rows.sort(key=lambda row: labels.index(row[0]), reverse=True)
+        rows.sort(key=lambda row: order.index(row[0].label), reverse=True)
         top = y
-        for lab, value in rows:
-            ax.barh(
+        for r, value in rows:
+            shaky = (r.spread or 0.0) > UNSTABLE_SPREAD
+            text = fmt_ratio(value) + (" !" if shaky else "")
+            key = f"{group}:{r.label}"
+            if r.label == REFERENCE:
+                ax.plot(
+                    [1.0],
+                    [y],
+                    marker="D",
+                    color="black",
+                    markersize=4,
+                    linestyle="none",
+                    gid=f"mp:{group}",
+                )
+                text = "1.00x mp.Pool (baseline)" + (" !" if shaky else "")
+            elif r.label in REFERENCE_ROWS:
+                ax.barh(
+                    y,
+                    abs(value - 1.0),
+                    left=min(value, 1.0),
+                    height=0.8,
+                    facecolor="none",
+                    edgecolor="dimgray",
+                    hatch="////",
+                    linestyle="--",
+                    linewidth=0.8,
+                    alpha=0.45 if shaky else 1.0,
+                    gid=f"reference:{key}",
+                )
+                text += f" {r.label}: reference, not a pool"
+            else:
+                ax.barh(
+                    y,
+                    abs(value - 1.0),
+                    left=min(value, 1.0),
+                    height=0.8,
+                    color=colours[r.label],
+                    alpha=0.45 if shaky else 1.0,
+                    gid=f"bar:{key}",
+                )
+            right = value >= 1.0
+            if r.label == REFERENCE or (r.label in REFERENCE_ROWS and not right):
+                at, right = 1.2, True  # clear of the diamond; a long label must not leave the axes
+            else:
+                at = max(value, 1.0) * 1.06 if right else value / 1.06
+            ax.text(
+                at,
                 y,
-                abs(value - 1.0),
-                left=min(value, 1.0),
-                height=0.8,
-                color=colours[lab],
-                label=None if lab in seen else lab,
+                text,
+                va="center",
+                ha="left" if right else "right",
+                fontsize=6,
+                color="firebrick" if shaky else "black",
+                gid=f"value:{key}",
             )
-            ax.text(max(value, 1.0) * 1.05, y, fmt_ratio(value), va="center", fontsize=6)
-            seen.add(lab)
             y += 1.0
         ticks.append((top + y - 1.0) / 2)
         names.append(group)
         y += 0.8  # a gap between scenarios
     ax.set_xscale("log")
-    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlim(lo, hi)
+    ax.axvline(1.0, color="black", linewidth=1.0, gid="baseline")
     ax.set_yticks(ticks, names, fontsize=7)
     ax.set_ylim(-0.8, y - 0.2)
-    ax.set_xlabel("x multiprocessing.Pool: its median time over this row's (right of 1 is faster)")
+    ax.set_xlabel(
+        "x multiprocessing.Pool: its median time over this row's "
+        "(log scale; right of 1 is faster, left slower)"
+    )
     ax.set_title(title or "python -m fastpool bench", fontsize=9)
-    handles, texts = ax.get_legend_handles_labels()
-    order = sorted(range(len(texts)), key=lambda i: labels.index(texts[i]))
-    ax.legend([handles[i] for i in order], [texts[i] for i in order], fontsize=7, loc="best")
+    handles: list[Any] = [Patch(color=colours[lab], label=lab) for lab in peers]
+    handles.append(Line2D([], [], color="black", marker="D", markersize=4, label=BASELINE_LABEL))
+    handles += [
+        Patch(
+            facecolor="none",
+            edgecolor="dimgray",
+            hatch="////",
+            linestyle="--",
+            label=REFERENCE_ROWS[lab],
+        )
+        for lab in REFERENCE_ROWS
+        if any(r.label == lab for rows in groups.values() for r, _ in rows)
+    ]
+    if any((r.spread or 0.0) > UNSTABLE_SPREAD for rows in groups.values() for r, _ in rows):
+        handles.append(Patch(color="gray", alpha=0.45, label=UNSTABLE_LABEL))
+    ax.legend(
+        handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0
+    )
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # long scenario names must not be cut
-    plt.close(fig)
+    return fig
+
+
+def plot(results: list[Result], path: str, title: str = "") -> None:
+    """Write ``figure(results, title)`` to ``path`` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(results, title)
+    try:
+        fig.savefig(path, dpi=110, bbox_inches="tight")  # long scenario names must not be cut
+    finally:
+        plt.close(fig)

@@ -264,7 +264,7 @@ def run(
     if _has_big_array(items):
         say(
             "Inputs hold NumPy arrays of 1 MiB or more: allocating them with pool.empty / pool.share "
-            "sends a descriptor instead of the bytes (see the README's Shared arrays)."
+            "sends a descriptor instead of the bytes (see docs/arrays.md)."
         )
     for m in mismatches:
         say(f"WARNING: {m} returned results that differ from the serial run.")

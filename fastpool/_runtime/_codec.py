@@ -113,8 +113,8 @@ def _captured(fn: types.FunctionType, seen: set[int] | None = None) -> list[Any]
     the globals it reads (and, for each of those that is itself a function sent by
     value, what that one captures), its closure cells and its defaults.  Compared
     by identity: rebinding any of them is noticed; mutating a referenced object in
-    place is not (README "Functions").  Holding the objects, not their id(), is
-    what makes the identity test sound (an id is reused once its object dies)."""
+    place is not (docs/quickstart.md, "Functions and arguments").  Holding the objects, not
+    their id(), is what makes the identity test sound (an id is reused once its object dies)."""
     if seen is None:
         seen = set()
     seen.add(id(fn))

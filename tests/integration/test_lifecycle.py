@@ -96,7 +96,7 @@ def test_a_pool_dropped_without_any_task_is_collected():
 
 
 def test_arrays_a_collected_pool_handed_out_stay_valid():
-    """Arrays it handed out stay valid after the collection (README: Shared arrays)."""
+    """Arrays it handed out stay valid after the collection (docs/arrays.md)."""
 
     def use(pool):
         arr = pool.zeros(1 << 17)

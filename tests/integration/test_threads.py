@@ -1,4 +1,4 @@
-"""One pool, many threads: the public methods are thread-safe (README "Thread safety").
+"""One pool, many threads: the public methods are thread-safe (docs/api.md, "Thread safety").
 
 Threads submit, map, cancel, wait on each other's futures and read stats() at
 once.  Every future settles; each has its right result, or is cancelled exactly
