@@ -28,19 +28,29 @@ dropped without ``close`` is collected and closes itself.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import queue
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from multiprocessing import TimeoutError
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from types import MappingProxyType, TracebackType
+from typing import Any, Generic, Self, TypeVar
 
 from fastpool import errors
 
-__all__ = ["Pool", "ApplyResult", "AsyncResult", "MapResult", "IMapIterator", "IMapUnorderedIterator"]
+__all__ = [
+    "ApplyResult",
+    "AsyncResult",
+    "IMapIterator",
+    "IMapUnorderedIterator",
+    "MapResult",
+    "Pool",
+]
 
 log = logging.getLogger("fastpool")
 
@@ -49,6 +59,7 @@ R = TypeVar("R")
 RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"  # multiprocessing.pool's state names
 _STOP = object()  # ends a handler thread's queue
 _job_ids = itertools.count()
+_NO_KWDS: Mapping[str, Any] = MappingProxyType({})
 
 
 class _State:
@@ -72,8 +83,12 @@ class ApplyResult(Generic[R]):
 
     Every method is thread-safe."""
 
-    def __init__(self, st: _State, callback: Callable[[R], object] | None,
-                 error_callback: Callable[[BaseException], object] | None) -> None:
+    def __init__(
+        self,
+        st: _State,
+        callback: Callable[[R], object] | None,
+        error_callback: Callable[[BaseException], object] | None,
+    ) -> None:
         self._st = st
         self._event = threading.Event()
         self._job = next(_job_ids)
@@ -124,23 +139,25 @@ class ApplyResult(Generic[R]):
         if cb is not None and run_callbacks:
             try:
                 cb(value)
-            except Exception:  # noqa: BLE001 - multiprocessing's handler would die; keep serving
-                log.exception("fastpool.mp: a %s raised", "callback" if success else "error_callback")
+            except Exception:
+                log.exception(
+                    "fastpool.mp: a %s raised", "callback" if success else "error_callback"
+                )
         self._event.set()
 
-    def _future_done(self, fut: Future) -> None:
+    def _future_done(self, fut: Future[Any]) -> None:
         self._deliver(*_outcome(fut))
 
 
 AsyncResult = ApplyResult
 
 
-class MapResult(ApplyResult[list]):
+class MapResult(ApplyResult[list[Any]]):
     """What ``map_async`` and ``starmap_async`` return: ``get()`` is the list of
     results in input order, or raises the first failure (in input order)."""
 
 
-def _outcome(fut: Future) -> tuple[bool, Any]:
+def _outcome(fut: Future[Any]) -> tuple[bool, Any]:
     try:
         return True, fut.result()
     except BaseException as exc:  # noqa: BLE001 - the task's failure, reported on its result
@@ -166,7 +183,7 @@ class IMapIterator(Generic[R]):
         self._unsorted: dict[int, tuple[bool, Any]] = {}
         st.cache[self._job] = self
 
-    def __iter__(self) -> "IMapIterator[R]":
+    def __iter__(self) -> IMapIterator[R]:
         return self
 
     def next(self, timeout: float | None = None) -> R:
@@ -237,7 +254,7 @@ class _Star:
     pickled once per call by cloudpickle (by reference when importable, by value
     from ``__main__``), as fastpool sends functions."""
 
-    __slots__ = ("fn", "_fn_bytes")
+    __slots__ = ("_fn_bytes", "fn")
 
     def __init__(self, fn: Callable[..., Any], fn_bytes: bytes | None = None) -> None:
         self.fn = fn
@@ -248,7 +265,7 @@ class _Star:
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self._fn_bytes is None:
-            import cloudpickle
+            import cloudpickle  # type: ignore[import-untyped]
 
             self._fn_bytes = cloudpickle.dumps(self.fn)
         return (_star_from, (self._fn_bytes,))
@@ -260,8 +277,13 @@ def _star_from(fn_bytes: bytes) -> _Star:
     return _Star(pickle.loads(fn_bytes), fn_bytes)
 
 
-def _map_job(st: _State, result: MapResult, fn: Callable[..., Any], iterable: Iterable[Any],
-             chunksize: int | None) -> None:
+def _map_job(
+    st: _State,
+    result: MapResult,
+    fn: Callable[..., Any],
+    iterable: Iterable[Any],
+    chunksize: int | None,
+) -> None:
     try:
         values = list(st.pool.map(fn, iterable, chunksize=chunksize))
     except BaseException as exc:  # noqa: BLE001 - the map's first failure, reported on its result
@@ -270,8 +292,14 @@ def _map_job(st: _State, result: MapResult, fn: Callable[..., Any], iterable: It
         result._deliver(True, values)
 
 
-def _imap_job(st: _State, it: IMapIterator, fn: Callable[..., Any], iterable: Iterable[Any],
-              chunksize: int, ordered: bool) -> None:
+def _imap_job(
+    st: _State,
+    it: IMapIterator[Any],
+    fn: Callable[..., Any],
+    iterable: Iterable[Any],
+    chunksize: int,
+    ordered: bool,
+) -> None:
     i = -1
     try:
         if chunksize == 1:
@@ -286,8 +314,11 @@ def _imap_job(st: _State, it: IMapIterator, fn: Callable[..., Any], iterable: It
                 else:
                     fut.add_done_callback(lambda f, i=i: it._set(i, _outcome(f)))
         else:
-            results = (st.pool.map(fn, iterable, chunksize=chunksize) if ordered
-                       else st.pool.imap_unordered(fn, iterable, chunksize=chunksize))
+            results = (
+                st.pool.map(fn, iterable, chunksize=chunksize)
+                if ordered
+                else st.pool.imap_unordered(fn, iterable, chunksize=chunksize)
+            )
             for i, value in enumerate(results):
                 it._set(i, (True, value))
     except BaseException as exc:  # noqa: BLE001 - the input or the map failed at position i + 1
@@ -354,25 +385,40 @@ class Pool:
     should return quickly.
     """
 
-    def __init__(self, processes: int | None = None, initializer: Callable[..., object] | None = None,
-                 initargs: Iterable[Any] = (), maxtasksperchild: int | None = None,
-                 context: Any = None, **options: Any) -> None:
+    def __init__(
+        self,
+        processes: int | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: Iterable[Any] = (),
+        maxtasksperchild: int | None = None,
+        context: Any = None,
+        **options: Any,
+    ) -> None:
         if processes is not None and (not isinstance(processes, int) or processes < 1):
             raise ValueError("Number of processes must be at least 1")
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
-        if maxtasksperchild is not None and (not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
+        if maxtasksperchild is not None and (
+            not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0
+        ):
             raise ValueError("maxtasksperchild must be a positive int or None")
         from fastpool.pool import Pool as _FastPool
 
-        pool = _FastPool(processes, initializer=initializer, initargs=tuple(initargs),
-                         max_tasks_per_worker=maxtasksperchild, **options)
+        pool = _FastPool(
+            processes,
+            initializer=initializer,
+            initargs=tuple(initargs),
+            max_tasks_per_worker=maxtasksperchild,
+            **options,
+        )
         self._processes = pool.workers
         self._st = st = _State(pool)
-        self._task_thread = threading.Thread(target=_run_jobs, args=(st,), name="fastpool-mp-tasks",
-                                             daemon=True)
-        self._result_thread = threading.Thread(target=_run_callbacks, args=(st,), name="fastpool-mp-results",
-                                               daemon=True)
+        self._task_thread = threading.Thread(
+            target=_run_jobs, args=(st,), name="fastpool-mp-tasks", daemon=True
+        )
+        self._result_thread = threading.Thread(
+            target=_run_callbacks, args=(st,), name="fastpool-mp-results", daemon=True
+        )
         self._task_thread.start()
         self._result_thread.start()
         # A pool dropped while running closes itself (multiprocessing's warns and leaks).
@@ -388,8 +434,10 @@ class Pool:
         return self._st.pool
 
     def __repr__(self) -> str:
-        return f"<{type(self).__module__}.{type(self).__qualname__} state={self._st.state} " \
-               f"pool_size={self._processes}>"
+        return (
+            f"<{type(self).__module__}.{type(self).__qualname__} state={self._st.state} "
+            f"pool_size={self._processes}>"
+        )
 
     def __reduce__(self) -> Any:
         raise NotImplementedError("pool objects cannot be passed between processes or pickled")
@@ -405,14 +453,21 @@ class Pool:
 
     # ---- calls ---------------------------------------------------------------------
 
-    def apply(self, func: Callable[..., R], args: Iterable[Any] = (), kwds: dict[str, Any] = {}) -> R:  # noqa: B006
+    def apply(
+        self, func: Callable[..., R], args: Iterable[Any] = (), kwds: Mapping[str, Any] = _NO_KWDS
+    ) -> R:
         """``func(*args, **kwds)`` in a worker; returns its result or raises its
         exception (as ``ApplyResult.get``).  ValueError if the pool is not running."""
         return self.apply_async(func, args, kwds).get()
 
-    def apply_async(self, func: Callable[..., R], args: Iterable[Any] = (), kwds: dict[str, Any] = {},  # noqa: B006
-                    callback: Callable[[R], object] | None = None,
-                    error_callback: Callable[[BaseException], object] | None = None) -> ApplyResult[R]:
+    def apply_async(
+        self,
+        func: Callable[..., R],
+        args: Iterable[Any] = (),
+        kwds: Mapping[str, Any] = _NO_KWDS,
+        callback: Callable[[R], object] | None = None,
+        error_callback: Callable[[BaseException], object] | None = None,
+    ) -> ApplyResult[R]:
         """Schedules ``func(*args, **kwds)``; returns its ``AsyncResult`` at once.
 
         ``callback(result)`` or ``error_callback(exception)`` runs on the result
@@ -432,7 +487,9 @@ class Pool:
             fut.add_done_callback(result._future_done)
         return result
 
-    def map(self, func: Callable[[Any], R], iterable: Iterable[Any], chunksize: int | None = None) -> list[R]:
+    def map(
+        self, func: Callable[[Any], R], iterable: Iterable[Any], chunksize: int | None = None
+    ) -> list[R]:
         """``[func(x) for x in iterable]`` run in the workers, as a list in input order.
 
         Raises the first failure in input order (the chunks not yet started are
@@ -446,14 +503,23 @@ class Pool:
         except errors.PoolClosed:
             raise ValueError("Pool not running") from None
 
-    def starmap(self, func: Callable[..., R], iterable: Iterable[Iterable[Any]],
-                chunksize: int | None = None) -> list[R]:
+    def starmap(
+        self,
+        func: Callable[..., R],
+        iterable: Iterable[Iterable[Any]],
+        chunksize: int | None = None,
+    ) -> list[R]:
         """``[func(*args) for args in iterable]``, as ``map``."""
         return self.map(_Star(func), iterable, chunksize)
 
-    def map_async(self, func: Callable[[Any], R], iterable: Iterable[Any], chunksize: int | None = None,
-                  callback: Callable[[list[R]], object] | None = None,
-                  error_callback: Callable[[BaseException], object] | None = None) -> MapResult:
+    def map_async(
+        self,
+        func: Callable[[Any], R],
+        iterable: Iterable[Any],
+        chunksize: int | None = None,
+        callback: Callable[[list[R]], object] | None = None,
+        error_callback: Callable[[BaseException], object] | None = None,
+    ) -> MapResult:
         """``map`` in the background; returns its ``MapResult`` at once.
 
         An iterable without ``len()`` is read into a list first, as in
@@ -465,16 +531,23 @@ class Pool:
         if not hasattr(iterable, "__len__"):
             iterable = list(iterable)
         result = MapResult(self._st, callback, error_callback)
-        self._queue(lambda st=self._st: _map_job(st, result, func, iterable, chunksize))
+        self._queue(functools.partial(_map_job, self._st, result, func, iterable, chunksize))
         return result
 
-    def starmap_async(self, func: Callable[..., R], iterable: Iterable[Iterable[Any]],
-                      chunksize: int | None = None, callback: Callable[[list[R]], object] | None = None,
-                      error_callback: Callable[[BaseException], object] | None = None) -> MapResult:
+    def starmap_async(
+        self,
+        func: Callable[..., R],
+        iterable: Iterable[Iterable[Any]],
+        chunksize: int | None = None,
+        callback: Callable[[list[R]], object] | None = None,
+        error_callback: Callable[[BaseException], object] | None = None,
+    ) -> MapResult:
         """``starmap`` in the background, as ``map_async``."""
         return self.map_async(_Star(func), iterable, chunksize, callback, error_callback)
 
-    def imap(self, func: Callable[[Any], R], iterable: Iterable[Any], chunksize: int = 1) -> IMapIterator[R]:
+    def imap(
+        self, func: Callable[[Any], R], iterable: Iterable[Any], chunksize: int = 1
+    ) -> IMapIterator[R]:
         """An iterator over ``func(x)`` for each x, in input order, computed in the
         background (results wait in memory until read).  ``chunksize=1``: one
         task per item, and a failed item raises at its position without ending
@@ -483,18 +556,25 @@ class Pool:
         ``chunksize < 1``."""
         return self._imap(func, iterable, chunksize, IMapIterator(self._st), True)
 
-    def imap_unordered(self, func: Callable[[Any], R], iterable: Iterable[Any],
-                       chunksize: int = 1) -> IMapIterator[R]:
+    def imap_unordered(
+        self, func: Callable[[Any], R], iterable: Iterable[Any], chunksize: int = 1
+    ) -> IMapIterator[R]:
         """``imap``, yielding results in the order they complete."""
         return self._imap(func, iterable, chunksize, IMapUnorderedIterator(self._st), False)
 
-    def _imap(self, func: Callable[[Any], R], iterable: Iterable[Any], chunksize: int, it: IMapIterator,
-              ordered: bool) -> IMapIterator[R]:
+    def _imap(
+        self,
+        func: Callable[[Any], R],
+        iterable: Iterable[Any],
+        chunksize: int,
+        it: IMapIterator[R],
+        ordered: bool,
+    ) -> IMapIterator[R]:
         try:
             self._check_running()
             if chunksize != 1:
                 _check_chunksize(chunksize)
-            self._queue(lambda st=self._st: _imap_job(st, it, func, iterable, chunksize, ordered))
+            self._queue(functools.partial(_imap_job, self._st, it, func, iterable, chunksize, ordered))
         except BaseException:
             self._st.cache.pop(it._job, None)
             raise
@@ -541,11 +621,16 @@ class Pool:
             st.jobs.put(_STOP)
         self.join()
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Self:
         self._check_running()
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         """``terminate()``, as multiprocessing's Pool does."""
         self.terminate()
 
