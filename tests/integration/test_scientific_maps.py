@@ -39,9 +39,14 @@ def any_pool(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 def test_differential_evolution_with_workers_pool_map_matches_workers_1(any_pool: Any) -> None:
-    kwargs: dict[str, Any] = dict(
-        bounds=[(-2, 2)] * 3, seed=7, maxiter=40, tol=0, polish=False, updating="deferred"
-    )
+    kwargs: dict[str, Any] = {
+        "bounds": [(-2, 2)] * 3,
+        "seed": 7,
+        "maxiter": 40,
+        "tol": 0,
+        "polish": False,
+        "updating": "deferred",
+    }
     serial = scipy_optimize.differential_evolution(_sci_tasks.rosen, workers=1, **kwargs)
     pooled = scipy_optimize.differential_evolution(_sci_tasks.rosen, workers=any_pool.map, **kwargs)
     assert np.array_equal(pooled.x, serial.x)
