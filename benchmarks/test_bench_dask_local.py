@@ -21,6 +21,8 @@ report.py; nothing asserts a time.  Skipped without dask.
 from __future__ import annotations
 
 import multiprocessing
+import statistics
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -74,3 +76,58 @@ def test_dask_array_pipeline(
     np.testing.assert_allclose(result, reference)
     median = median_s(benchmark)
     tag(benchmark, name, mb_per_s=round(ROWS * COLS * 8 / 1e6 / median) if median else None)
+
+
+# ---- one hop through Dask: a 256 MiB array from one task to the next ------------------
+
+HOP_BYTES = 256 << 20
+
+
+def _born(n_bytes: int) -> Any:
+    x = np.empty(n_bytes // 8)
+    x.fill(1.0)
+    x[0] = time.monotonic()  # when this task ended: CLOCK_MONOTONIC is system-wide on Linux
+    return x
+
+
+def _born_in_tuple(n_bytes: int) -> tuple[Any, str]:
+    return _born(n_bytes), "meta"
+
+
+def _hop(x: Any) -> float:
+    if isinstance(x, tuple):
+        x = x[0]
+    return time.monotonic() - float(x[0])
+
+
+def _hop_from(x: Any, t0: float) -> float:
+    return time.monotonic() - t0
+
+
+HOPS = ["returned by a task", "returned in a tuple", "shared (pool.share)", "fresh, by value"]
+
+
+@pytest.mark.parametrize("what", HOPS)
+def test_dask_hop_256mib(benchmark: Any, what: str) -> None:
+    """From the end of the task that made the array (or from the parent's compute call,
+    for an array the parent holds) to the start of the task that takes it, through
+    Dask's scheduler on a fastpool pool.  pytest-benchmark times the whole compute;
+    the hop itself is ``hop_ms`` (median over the rounds), which report.py shows."""
+    benchmark.group = "dask local: one 256 MiB array from one task to the next, fastpool pool"
+    delayed = pytest.importorskip("dask").delayed
+    hops: list[float] = []
+    with fastpool.Pool(WORKERS) as pool:
+        shared = pool.share(np.ones(HOP_BYTES // 8))
+
+        def once() -> None:
+            if what == "returned by a task":
+                graph = delayed(_hop)(delayed(_born)(HOP_BYTES))
+            elif what == "returned in a tuple":
+                graph = delayed(_hop)(delayed(_born_in_tuple)(HOP_BYTES))
+            else:
+                arr = shared if what.startswith("shared") else np.ones(HOP_BYTES // 8)
+                graph = delayed(_hop_from)(arr, time.monotonic())
+            hops.append(graph.compute(scheduler=pool))
+
+        benchmark.pedantic(once, rounds=7, iterations=1, warmup_rounds=1)
+    tag(benchmark, what, hop_ms=round(statistics.median(hops[1:]) * 1e3, 2))
