@@ -40,3 +40,12 @@ def make_with_where(n_bytes: int) -> tuple[Any, int]:
 
     x = np.full(n_bytes // 8, 2.0)
     return x, _where(x)
+
+
+def die(x: Any) -> Any:
+    """SIGKILLs its own worker."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    return x

@@ -85,3 +85,11 @@ def test_an_array_in_a_tuple_a_task_returns_reaches_the_parent_without_a_copy(
 def test_a_task_error_keeps_its_type_through_dask(pool: fastpool.Pool) -> None:
     with pytest.raises(TypeError):
         dask.compute(delayed(t.add)(1, "a"), scheduler=pool)
+
+
+def test_a_dead_worker_fails_the_compute_with_worker_crashed_and_the_pool_goes_on(
+    pool: fastpool.Pool,
+) -> None:
+    with pytest.raises(fastpool.WorkerCrashed, match="SIGKILL"):
+        dask.compute(delayed(t.die)(1), scheduler=pool)
+    assert dask.compute(delayed(t.inc)(1), scheduler=pool) == (2,)
