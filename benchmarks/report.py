@@ -33,7 +33,7 @@ LEGEND = {
     "pss_mb": "peak PSS: parent + workers with shared pages split among sharers (the real total)",
     "delta_mb": "+PSS: what the call added to the PSS it started from",
     "start_method": "start: how the peer starts workers",
-    "hop_ms": "hop: from the end of the task that made the array to the start of the task that takes it",
+    "hop_ms": "hop: from the end of the task that made the array to the start of the next task",
 }
 
 # extra_info key -> (column header, formatter), in column order

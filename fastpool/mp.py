@@ -574,7 +574,9 @@ class Pool:
             self._check_running()
             if chunksize != 1:
                 _check_chunksize(chunksize)
-            self._queue(functools.partial(_imap_job, self._st, it, func, iterable, chunksize, ordered))
+            self._queue(
+                functools.partial(_imap_job, self._st, it, func, iterable, chunksize, ordered)
+            )
         except BaseException:
             self._st.cache.pop(it._job, None)
             raise
