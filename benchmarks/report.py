@@ -33,6 +33,7 @@ LEGEND = {
     "pss_mb": "peak PSS: parent + workers with shared pages split among sharers (the real total)",
     "delta_mb": "+PSS: what the call added to the PSS it started from",
     "start_method": "start: how the peer starts workers",
+    "hop_ms": "hop: from the end of the task that made the array to the start of the next task",
 }
 
 # extra_info key -> (column header, formatter), in column order
@@ -41,6 +42,8 @@ EXTRA_COLUMNS = {
     "p99_us": ("p99 (µs)", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.1f}"),
     "tasks_per_s": ("tasks/s", lambda v: f"{v:,.0f}"),
     "items_per_s": ("items/s", lambda v: f"{v:,.0f}"),
+    "mb_per_s": ("MB/s", lambda v: f"{v:,.0f}"),
+    "hop_ms": ("hop (ms)", lambda v: f"{v:.2f}" if v < 10 else f"{v:.1f}"),
     "gb_per_s": ("GB/s", lambda v: f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"),
     "peak_mb": ("peak RSS (MB)", lambda v: f"{v:,.0f}"),
     "pss_mb": ("peak PSS (MB)", lambda v: f"{v:,.0f}"),

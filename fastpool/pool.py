@@ -397,6 +397,12 @@ class Pool(Executor):
         """The number of worker slots (fixed for the pool's life).  Thread-safe."""
         return self._n
 
+    @property
+    def _max_workers(self) -> int:
+        """``workers`` under ProcessPoolExecutor's name, which Dask's local scheduler
+        reads to size itself (``dask.compute(..., scheduler=pool)``).  Read-only."""
+        return self._n
+
     def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Schedules ``fn(*args, **kwargs)`` in a worker and returns its Future.
 

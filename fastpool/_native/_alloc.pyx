@@ -97,7 +97,11 @@ cdef extern from "numpy/arrayobject.h":
     PyObject *PyArray_BASE(PyArrayObject *arr)
 
 DEF MADV_POPULATE_WRITE = 23
-DEF WALK_DEPTH = 3       # owned_roots looks this deep into tuples, lists and dicts
+# owned_roots looks this deep into tuples, lists and dicts.  Dask's local scheduler
+# wraps each task's value three deep ([(key, (value, id), failed)]): 5 leaves a task's
+# own tuple or dict of arrays two levels (issue 17).  The walk visits nothing pickling
+# the result would not visit anyway, so depth costs only what the result holds.
+DEF WALK_DEPTH = 5
 DEF WALK_ITEMS = 256     # and at containers this long at most: a longer one is copied
 
 MIN_BYTES = 1 << 20      # smaller arrays stay with malloc: they travel inline, or cost a short copy

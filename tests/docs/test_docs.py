@@ -38,7 +38,17 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE_TIMEOUT_S = 90
 PARALLEL = 2
 # An example that fails only because one of these is not installed is skipped, saying so.
-OPTIONAL = {"distributed", "dask", "tqdm", "rich", "matplotlib", "joblib", "sklearn", "scipy"}
+OPTIONAL = {
+    "distributed",
+    "dask",
+    "tqdm",
+    "rich",
+    "matplotlib",
+    "joblib",
+    "sklearn",
+    "scipy",
+    "emcee",
+}
 
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)")
 MARKER = re.compile(r"^<!--\s*docs-test:(.*?)-->\s*$")
