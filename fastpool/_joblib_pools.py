@@ -28,6 +28,8 @@ from fastpool.pool import Pool
 log = logging.getLogger("fastpool")
 
 DEFAULT_IDLE_TIMEOUT_S: float | None = 300.0
+# idle_worker_timeout not given: a new pool gets the default, an old one keeps its own
+UNSET: Any = object()
 
 # What fastpool.Pool takes, with its defaults: an option equal to its default is
 # dropped from the key, so `task_timeout=None` and no task_timeout share one pool.
@@ -46,6 +48,15 @@ def check_options(options: dict[str, Any]) -> None:
             raise TypeError(f"the fastpool joblib backend got an unknown option {name!r}: it takes "
                             f"joblib's own arguments, idle_worker_timeout, and fastpool.Pool's "
                             f"options ({', '.join(sorted(POOL_OPTIONS))})")
+
+
+def check_idle_timeout(value: Any) -> None:
+    """Raises ValueError unless ``value`` is None (never retire) or positive seconds."""
+    if value is UNSET or value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"idle_worker_timeout must be a positive number of seconds or None "
+                         f"(keep the pool until exit), not {value!r}")
 
 
 def _hashable(value: Any) -> Any:
@@ -92,7 +103,8 @@ def _open(workers: int, options: dict[str, Any], idle_timeout_s: float | None) -
             # Made under the lock: two threads asking for one configuration get one pool.
             entry = _Entry(key, Pool(workers, **options), dict(options))
             _entries[key] = entry
-        entry.idle_timeout_s = idle_timeout_s
+        if idle_timeout_s is not UNSET:
+            entry.idle_timeout_s = idle_timeout_s
         if not _reaper:
             t = threading.Thread(target=_reap, name="fastpool-joblib-reaper", daemon=True)
             t.start()
@@ -150,7 +162,8 @@ def _reap() -> None:
                 _cond.wait(None if wake is None else max(0.0, wake - time.monotonic()))
                 continue
         for entry in retired:
-            log.debug("fastpool: joblib pool %s retired after %s s idle", entry.key, entry.idle_timeout_s)
+            log.debug("fastpool: joblib pool %s retired after %s s idle", entry.key,
+                      entry.idle_timeout_s)
             entry.pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -11,14 +11,23 @@ from typing import Any
 from fastpool._call import load_fn
 
 
+def _backend(*args: Any, **kwargs: Any) -> Any:
+    from fastpool.joblib import FastpoolBackend  # registers the class itself, too
+
+    return FastpoolBackend(*args, **kwargs)
+
+
 def run_batch(fns: tuple[Any, ...], calls: list[tuple[int, tuple, dict]], nested: Any,
               n_jobs: int | None) -> list[Any]:
     """``[fns[i](*args, **kwargs) for i, args, kwargs in calls]``, as joblib's
     ``BatchedCalls.__call__`` runs them: under the nested backend joblib chose for
     calls made inside a task.  A plain function arrives as its pickle (bytes) and is
     unpickled once per worker; any other callable arrives as itself."""
-    from joblib import parallel_config
+    from joblib import parallel, parallel_config
 
+    # A task that names backend="fastpool" itself finds it (and runs it sequentially,
+    # see effective_n_jobs) without every worker importing the backend up front.
+    parallel.BACKENDS.setdefault("fastpool", _backend)
     funcs = [load_fn(f) if type(f) is bytes else f for f in fns]
     with parallel_config(backend=nested, n_jobs=n_jobs):
         return [funcs[i](*args, **kwargs) for i, args, kwargs in calls]

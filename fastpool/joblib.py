@@ -20,6 +20,7 @@ backend instance serves one Parallel call at a time, as joblib uses it.
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import threading
 import types
@@ -30,7 +31,10 @@ from typing import Any, Callable
 try:
     import joblib
     from joblib._parallel_backends import (
-        AutoBatchingMixin, FallbackToBackend, ParallelBackendBase, SequentialBackend,
+        AutoBatchingMixin,
+        FallbackToBackend,
+        ParallelBackendBase,
+        SequentialBackend,
     )
     from joblib.parallel import BatchedCalls
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -68,7 +72,8 @@ def get_pool(n_jobs: int = -1, **options: Any) -> Pool:
     (``idle_worker_timeout``, ``shutdown()``); an array it made stays valid after.
     Raises TypeError for an unknown option and what ``fastpool.Pool`` raises for a
     bad one.  Thread-safe."""
-    idle = options.pop("idle_worker_timeout", _joblib_pools.DEFAULT_IDLE_TIMEOUT_S)
+    idle = options.pop("idle_worker_timeout", _joblib_pools.UNSET)
+    _joblib_pools.check_idle_timeout(idle)
     _joblib_pools.check_options(options)
     return _joblib_pools.pool_for(_n_workers(n_jobs), options, idle)
 
@@ -125,7 +130,8 @@ class _Call:
                         out = list(args)  # type: ignore[assignment]
                     out[j] = b  # type: ignore[index]
         if kwargs:
-            kwargs = {k: v if type(v) in _PLAIN else self._value(v, nd, 1) for k, v in kwargs.items()}
+            kwargs = {k: v if type(v) in _PLAIN else self._value(v, nd, 1)
+                      for k, v in kwargs.items()}
         return tuple(out), kwargs
 
     def _value(self, value: Any, nd: Any, depth: int) -> Any:
@@ -181,7 +187,9 @@ class _Call:
                     # a plain function goes as its cached pickle (by value from __main__
                     # or a lambda, as loky's cloudpickle would); others as themselves
                     fns.append(function_bytes(fn) if isinstance(fn, types.FunctionType) else fn)
-                calls.append((i, *self.prepare(args, kwargs, nd)) if nd is not None else (i, args, kwargs))
+                if nd is not None:  # without NumPy loaded no argument can be an array
+                    args, kwargs = self.prepare(args, kwargs, nd)
+                calls.append((i, args, kwargs))
             fut = self.submitter.submit(_joblib_task.run_batch, tuple(fns), calls, func._backend,
                                         func._n_jobs)
         else:
@@ -265,7 +273,8 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def __init__(self, nesting_level: int | None = None, inner_max_num_threads: int | None = None,
                  **options: Any) -> None:
-        self._idle_timeout_s = options.pop("idle_worker_timeout", _joblib_pools.DEFAULT_IDLE_TIMEOUT_S)
+        self._idle_timeout_s = options.pop("idle_worker_timeout", _joblib_pools.UNSET)
+        _joblib_pools.check_idle_timeout(self._idle_timeout_s)
         _joblib_pools.check_options(options)
         super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads,
                          **options)
@@ -320,27 +329,34 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         self._lease = _joblib_pools.lease(n, options, self._idle_timeout_s)
         self.parallel = parallel
         timeout = getattr(parallel, "timeout", None)
-        self._call = _Call(self._lease.pool, joblib_args["max_nbytes"], joblib_args["mmap_mode"], timeout)
+        self._call = _Call(self._lease.pool, joblib_args["max_nbytes"], joblib_args["mmap_mode"],
+                           timeout)
         return n
 
-    def submit(self, func: Callable[[], Any], callback: Callable[[Future], None] | None = None) -> Future:
+    def submit(self, func: Callable[[], Any],
+               callback: Callable[[Future], None] | None = None) -> Future:
         """Runs one batch on the pool; ``callback`` gets its future when it settles.
         Raises what ``Pool.submit`` raises (SerializationError, PoolClosed, ...)."""
         if self._call is None:
-            raise RuntimeError("the fastpool backend was not configured (joblib calls configure first)")
+            raise RuntimeError("the fastpool backend was not configured: joblib calls "
+                               "configure() before submit()")
         fut = self._call.submit(func)
         if callback is not None:
             fut.add_done_callback(callback)
         return fut
 
+    apply_async = submit  # the name joblib < 1.5 calls
+
     def retrieve_result_callback(self, future: Future) -> Any:
         """The batch's result list; else the task's own exception, ``WorkerCrashed``
-        (naming the signal), or ``TimeoutError`` for a batch past ``Parallel(timeout=)``."""
+        (naming the signal), or ``multiprocessing.TimeoutError`` (what joblib raises
+        itself) for a batch past ``Parallel(timeout=)``."""
         try:
             return future.result()
         except errors.TaskTimeout as exc:
-            raise TimeoutError(f"a batch ran past Parallel(timeout={exc.timeout_s:g}) seconds; its "
-                               "worker was stopped and replaced, the pool goes on") from exc
+            raise multiprocessing.TimeoutError(
+                f"a batch ran past Parallel(timeout={exc.timeout_s:g}) seconds; its worker was "
+                "stopped and replaced, the pool goes on") from exc
         except CancelledError:
             raise RuntimeError("this batch was cancelled: its Parallel call was aborted") from None
 
@@ -372,11 +388,14 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
     def __reduce__(self) -> Any:
         # A nested Parallel may carry this backend into a task: it travels as its
         # options, without the parent's pool.
-        return (_rebuild, (self.nesting_level, self.inner_max_num_threads,
-                           {**self.backend_kwargs, "idle_worker_timeout": self._idle_timeout_s}))
+        options = dict(self.backend_kwargs)
+        if self._idle_timeout_s is not _joblib_pools.UNSET:
+            options["idle_worker_timeout"] = self._idle_timeout_s
+        return (_rebuild, (self.nesting_level, self.inner_max_num_threads, options))
 
 
-def _rebuild(nesting_level: int | None, inner: int | None, options: dict[str, Any]) -> FastpoolBackend:
+def _rebuild(nesting_level: int | None, inner: int | None,
+             options: dict[str, Any]) -> FastpoolBackend:
     return FastpoolBackend(nesting_level=nesting_level, inner_max_num_threads=inner, **options)
 
 

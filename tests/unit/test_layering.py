@@ -51,8 +51,10 @@ MACHINERY = frozenset({
 PLANNED = frozenset({"_dispatch", "_supervisor", "_verdict", "_call", "telemetry"})
 
 # The top of the stack: the only modules that may import the facade (the Dask plugin
-# makes a Pool in each Dask worker, and the Executor is a facade of its own).
-FACADE = frozenset({"__init__", "__main__", "_demo", "pool", "dask", "_dask_worker"})
+# makes a Pool in each Dask worker, and the Executor is a facade of its own; the joblib
+# backend and its pool cache make Pools for joblib's Parallel calls).
+FACADE = frozenset({"__init__", "__main__", "_demo", "pool", "dask", "_dask_worker", "joblib",
+                    "_joblib_pools"})
 
 
 @dataclass(frozen=True)
