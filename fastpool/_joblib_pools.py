@@ -54,7 +54,8 @@ def check_idle_timeout(value: Any) -> None:
     """Raises ValueError unless ``value`` is None (never retire) or positive seconds."""
     if value is UNSET or value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+    seconds = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not seconds or not 0 < value < float("inf"):
         raise ValueError(f"idle_worker_timeout must be a positive number of seconds or None "
                          f"(keep the pool until exit), not {value!r}")
 
