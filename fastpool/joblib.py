@@ -108,6 +108,7 @@ class _Call:
         self.lock = threading.Lock()
         self.shared: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, its shared copy)
         self.pending: set[Future] = set()
+        self.batches: dict[Future, tuple] = {}  # future -> (calls, functions): named on a crash
         self.closed = False
         self.wake = threading.Event()
         self.driver: threading.Thread | None = None
@@ -177,6 +178,7 @@ class _Call:
     def submit(self, func: Callable[[], Any]) -> Future:
         if isinstance(func, BatchedCalls):
             fns: list[Any] = []
+            funcs: list[Any] = []
             index: dict[int, int] = {}
             calls = []
             nd = _ndarray()
@@ -187,15 +189,19 @@ class _Call:
                     # a plain function goes as its cached pickle (by value from __main__
                     # or a lambda, as loky's cloudpickle would); others as themselves
                     fns.append(function_bytes(fn) if isinstance(fn, types.FunctionType) else fn)
+                    funcs.append(fn)
                 if nd is not None:  # without NumPy loaded no argument can be an array
                     args, kwargs = self.prepare(args, kwargs, nd)
                 calls.append((i, args, kwargs))
             fut = self.submitter.submit(_joblib_task.run_batch, tuple(fns), calls, func._backend,
                                         func._n_jobs)
+            what: tuple = (len(calls), funcs)
         else:
             fut = self.submitter.submit(_joblib_task.run_callable, func)
+            what = (1, [func])
         with self.lock:
             self.pending.add(fut)
+            self.batches[fut] = what
             if self.driver is None:
                 self.driver = threading.Thread(target=self._drive, name="fastpool-joblib-driver",
                                                daemon=True)
@@ -205,8 +211,20 @@ class _Call:
         return fut
 
     def _settled(self, fut: Future) -> None:
+        # keep a crashed batch's description for its note; drop the rest at once (the
+        # entry holds the future, and the future its result)
+        crashed = not fut.cancelled() and isinstance(fut.exception(), errors.WorkerCrashed)
         with self.lock:
             self.pending.discard(fut)
+            if not crashed:
+                self.batches.pop(fut, None)
+
+    def describe(self, fut: Future) -> str:
+        """What the batch behind ``fut`` ran, for a crash's note (forgets it)."""
+        with self.lock:
+            n, funcs = self.batches.pop(fut, (0, []))
+        names = ", ".join(getattr(f, "__qualname__", type(f).__name__) for f in funcs)
+        return f"the joblib batch that died held {n} call(s) of {names or 'unknown functions'}"
 
     def _drive(self) -> None:
         # joblib's main thread polls with time.sleep(0.01) and never waits on a
@@ -353,6 +371,10 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         itself) for a batch past ``Parallel(timeout=)``."""
         try:
             return future.result()
+        except errors.WorkerCrashed as exc:  # and WorkerHung, WorkerMemoryError
+            if self._call is not None:
+                exc.add_note(self._call.describe(future))  # fastpool names run_batch only
+            raise
         except errors.TaskTimeout as exc:
             raise multiprocessing.TimeoutError(
                 f"a batch ran past Parallel(timeout={exc.timeout_s:g}) seconds; its worker was "

@@ -24,6 +24,7 @@ def test_a_dead_worker_fails_the_call_with_worker_crashed_and_the_pool_survives(
         with pytest.raises(fastpool.WorkerCrashed) as info:
             Parallel()(delayed(die)() if i == 3 else delayed(T.square)(i) for i in range(6))
         assert info.value.signal_name == signal_name and signal_name in str(info.value)
+        assert f"1 call(s) of {die.__name__}" in "".join(info.value.__notes__)
         assert Parallel()(delayed(T.square)(i) for i in range(6)) == [i * i for i in range(6)]
     assert fastpool.joblib.get_pool(2) is pool and pool.workers == 2
 
