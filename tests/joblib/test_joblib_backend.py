@@ -231,3 +231,17 @@ def test_no_warning_from_a_plain_call():
         warnings.simplefilter("error")
         with run():
             Parallel()(delayed(T.square)(i) for i in range(20))
+
+
+def test_parallel_calls_from_several_threads_share_one_pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(k: int) -> tuple[list[int], int]:
+        with run(max_queue=4096):
+            out = Parallel()(delayed(T.square)(i) for i in range(k, k + 200))
+        return out, id(fastpool.joblib.get_pool(2, max_queue=4096))
+
+    with ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(one, range(0, 800, 100)))
+    assert [r[0] for r in results] == [[i * i for i in range(k, k + 200)] for k in range(0, 800, 100)]
+    assert len({r[1] for r in results}) == 1
