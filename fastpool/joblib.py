@@ -304,7 +304,9 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         MIN_IDEAL_BATCH_DURATION grows up to BATCH_GROWTH times at once instead of 2,
         since a round trip here costs little next to loky's, so tiny tasks reach
         their ideal batch in a few steps instead of many round trips."""
-        old, duration = self._effective_batch_size, self._smoothed_batch_duration
+        # joblib's mixin is untyped: read its two counters through the instance dict
+        old: int = vars(self)["_effective_batch_size"]
+        duration: float = vars(self)["_smoothed_batch_duration"]
         size = super().compute_batch_size()
         if size > old and duration > 0:
             ideal = 2 * int(old * self.MIN_IDEAL_BATCH_DURATION / duration)
