@@ -21,6 +21,7 @@ import inspect
 import logging
 import threading
 import time
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from fastpool.pool import Pool
@@ -68,11 +69,66 @@ def _hashable(value: Any) -> Any:
     return value
 
 
+class Driver:
+    """A thread that waits on a pool's unsettled joblib batches, one at a time.
+
+    joblib's main thread polls with time.sleep(0.01) and never waits on a future, so
+    without a waiter every batch would be settled by the pool's collector thread,
+    which keeps away for a moment after each submit (and joblib submits the next batch
+    from each settlement).  A thread waiting on a future drives completions itself:
+    joblib's callbacks, and the next batch's submit, run here at once.  One per pool,
+    started with its first batch and kept (a thread start costs a call up to ms)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: set[Future[Any]] = set()
+        self.wake = threading.Event()
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    def watch(self, fut: Future[Any]) -> None:
+        with self.lock:
+            self.pending.add(fut)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="fastpool-joblib-driver",
+                                               daemon=True)
+                self.thread.start()
+        self.wake.set()
+        fut.add_done_callback(self._settled)
+
+    def _settled(self, fut: Future[Any]) -> None:
+        with self.lock:
+            self.pending.discard(fut)
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                if self.closed:
+                    return
+                fut = next(iter(self.pending), None)
+                if fut is None:
+                    self.wake.clear()
+            if fut is None:
+                self.wake.wait()
+                continue
+            try:
+                fut.exception()  # returns once fut settles, settling others on the way
+            except CancelledError:
+                pass
+
+    def close(self) -> None:
+        """Lets the thread end, once the batch it waits on (if any) has settled."""
+        with self.lock:
+            self.closed = True
+        self.wake.set()
+
+
 class _Entry:
     """One configuration's pool and who uses it.  Guarded by ``_cond``."""
 
     def __init__(self, key: tuple, pool: Pool, options: dict[str, Any]) -> None:
         self.key, self.pool, self.options = key, pool, options
+        self.driver = Driver()
         self.leases = 0
         self.idle_since = time.monotonic()
         self.idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
@@ -99,6 +155,7 @@ def _open(workers: int, options: dict[str, Any], idle_timeout_s: float | None) -
         entry = _entries.get(key)
         if entry is not None and entry.pool._disp.closed:  # shut down by its user: replace it
             del _entries[key]
+            entry.driver.close()
             entry = None
         if entry is None:
             # Made under the lock: two threads asking for one configuration get one pool.
@@ -166,6 +223,7 @@ def _reap() -> None:
             log.debug("fastpool: joblib pool %s retired after %s s idle", entry.key,
                       entry.idle_timeout_s)
             entry.pool.shutdown(wait=True, cancel_futures=True)
+            entry.driver.close()
 
 
 def shutdown_all(wait: bool = True) -> None:
@@ -175,6 +233,7 @@ def shutdown_all(wait: bool = True) -> None:
         _entries.clear()
     for entry in entries:
         entry.pool.shutdown(wait=wait, cancel_futures=True)
+        entry.driver.close()
 
 
 def live_pools() -> list[Pool]:

@@ -20,13 +20,14 @@ backend instance serves one Parallel call at a time, as joblib uses it.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import sys
 import threading
 import types
 import warnings
 from concurrent.futures import CancelledError, Future
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 try:
     import joblib
@@ -53,6 +54,7 @@ BACKEND_NAME = "fastpool"
 _JOBLIB_KEYS = ("max_nbytes", "mmap_mode", "temp_folder", "verbose", "context", "prefer", "require")
 _SHARED_MODES = ("r", "r+", "w+")  # mmap_mode values that share one copy per call
 _PLAIN = frozenset((int, float, str, bytes, bool, type(None), complex))  # never hold an array
+WAIT_SLICE_S = 0.05  # wait_for_end looks again this often (Ctrl-C, a missed wake-up)
 BATCH_GROWTH = 8  # auto-batching: how much a batch may grow at once (joblib: 2)
 
 
@@ -98,9 +100,10 @@ def _in_worker() -> bool:
 class _Call:
     """One Parallel call's state: its shared copies of arrays and its unsettled batches."""
 
-    def __init__(self, pool: Pool, max_nbytes: int | None, mmap_mode: str | None,
+    def __init__(self, pool: Pool, driver: Any, max_nbytes: int | None, mmap_mode: str | None,
                  timeout: float | None) -> None:
         self.pool = pool
+        self.driver = driver
         self.submitter: Any = pool if timeout is None else pool.options(timeout=timeout)
         self.timeout = timeout
         self.max_nbytes = max_nbytes
@@ -108,10 +111,8 @@ class _Call:
         self.lock = threading.Lock()
         self.shared: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, its shared copy)
         self.pending: set[Future] = set()
+        self.progress = threading.Condition()  # notified after joblib saw each batch settle
         self.batches: dict[Future, tuple] = {}  # future -> (calls, functions): named on a crash
-        self.closed = False
-        self.wake = threading.Event()
-        self.driver: threading.Thread | None = None
 
     def forget_arrays(self) -> None:
         with self.lock:
@@ -176,21 +177,42 @@ class _Call:
     # ---- batches -----------------------------------------------------------------
 
     def submit(self, func: Callable[[], Any]) -> Future:
+        """Submits one batch.  A batch that cannot be submitted (an argument that does
+        not pickle, a closed pool) comes back as a failed future, as with loky: joblib
+        submits most batches from a done-callback, where a raise would be swallowed and
+        the call would wait forever for the batch."""
+        try:
+            fut, what = self._submit(func)
+        except Exception as exc:  # noqa: BLE001 - reported on the batch's future
+            fut, what = Future(), (0, [])
+            fut.set_running_or_notify_cancel()
+            fut.set_exception(exc)
+        with self.lock:
+            self.pending.add(fut)
+            self.batches[fut] = what
+        fut.add_done_callback(self._settled)
+        self.driver.watch(fut)
+        return fut
+
+    def _submit(self, func: Callable[[], Any]) -> tuple[Future, tuple]:
         if isinstance(func, BatchedCalls):
             fns: list[Any] = []
             funcs: list[Any] = []
             index: dict[int, int] = {}
             calls = []
             nd = _ndarray()
+            last, i = None, 0
             for fn, args, kwargs in func.items:
-                i = index.get(id(fn))
-                if i is None:
+                if fn is not last:  # a batch mostly repeats one function
+                    last, i = fn, index.get(id(fn), -1)
+                if i < 0:
                     i = index[id(fn)] = len(fns)
                     # a plain function goes as its cached pickle (by value from __main__
                     # or a lambda, as loky's cloudpickle would); others as themselves
                     fns.append(function_bytes(fn) if isinstance(fn, types.FunctionType) else fn)
                     funcs.append(fn)
-                if nd is not None:  # without NumPy loaded no argument can be an array
+                # without NumPy loaded no argument can be an array; scalars hold none
+                if nd is not None and (kwargs or not _PLAIN.issuperset(map(type, args))):
                     args, kwargs = self.prepare(args, kwargs, nd)
                 calls.append((i, args, kwargs))
             fut = self.submitter.submit(_joblib_task.run_batch, tuple(fns), calls, func._backend,
@@ -199,16 +221,7 @@ class _Call:
         else:
             fut = self.submitter.submit(_joblib_task.run_callable, func)
             what = (1, [func])
-        with self.lock:
-            self.pending.add(fut)
-            self.batches[fut] = what
-            if self.driver is None:
-                self.driver = threading.Thread(target=self._drive, name="fastpool-joblib-driver",
-                                               daemon=True)
-                self.driver.start()
-        self.wake.set()
-        fut.add_done_callback(self._settled)
-        return fut
+        return fut, what
 
     def _settled(self, fut: Future) -> None:
         # keep a crashed batch's description for its note; drop the rest at once (the
@@ -226,33 +239,26 @@ class _Call:
         names = ", ".join(getattr(f, "__qualname__", type(f).__name__) for f in funcs)
         return f"the joblib batch that died held {n} call(s) of {names or 'unknown functions'}"
 
-    def _drive(self) -> None:
-        # joblib's main thread polls with time.sleep(0.01) and never waits on a
-        # future, so without a waiter every batch would be settled by the pool's
-        # collector thread, which keeps away for a moment after each submit (and
-        # joblib submits the next batch from each settlement).  A thread waiting on
-        # a future drives completions itself: joblib's callbacks, and the next
-        # batch's submit, run here at once.
-        while True:
-            with self.lock:
-                if self.closed:
-                    return
-                fut = next(iter(self.pending), None)
-                if fut is None:
-                    self.wake.clear()
-            if fut is None:
-                self.wake.wait()
-                continue
-            try:
-                fut.exception()
-            except CancelledError:
-                pass
+    def progressed(self, _fut: Future) -> None:
+        with self.progress:
+            self.progress.notify_all()
 
-    def close(self) -> None:
-        """Lets the driver thread end (after the future it waits on, if any, settles)."""
-        with self.lock:
-            self.closed = True
-        self.wake.set()
+    def wait_for_end(self, parallel: Any) -> None:
+        """Returns once joblib's Parallel has every result or is aborting (its own
+        ``_wait_retrieval`` test), or when none of this call's batches is pending while
+        the test still fails (then joblib's loop takes over).  Ctrl-C interrupts it."""
+        def ended() -> bool:
+            done = parallel.n_completed_tasks >= parallel.n_dispatched_tasks
+            return bool(parallel._aborting) or (not parallel._iterating and done)
+
+        idle_looks = 0
+        with self.progress:
+            while not ended():
+                if not self.pending:
+                    idle_looks += 1
+                    if idle_looks > 2:
+                        return
+                self.progress.wait(WAIT_SLICE_S)
 
     def abort(self) -> None:
         """Cancels this call's unsettled batches: queued ones never run.  Running ones
@@ -263,6 +269,8 @@ class _Call:
             pending, self.pending = list(self.pending), set()
         force = self.timeout is None
         for fut in pending:
+            if fut.done():  # settled meanwhile, or a batch that never reached the pool
+                continue
             try:
                 self.pool.cancel(fut, force=force)
             except errors.FastPoolError:  # the pool is being torn down: nothing left to stop
@@ -349,8 +357,8 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         self._lease = _joblib_pools.lease(n, options, self._idle_timeout_s)
         self.parallel = parallel
         timeout = getattr(parallel, "timeout", None)
-        self._call = _Call(self._lease.pool, joblib_args["max_nbytes"], joblib_args["mmap_mode"],
-                           timeout)
+        self._call = _Call(self._lease.pool, self._lease.driver, joblib_args["max_nbytes"],
+                           joblib_args["mmap_mode"], timeout)
         return n
 
     def submit(self, func: Callable[[], Any],
@@ -363,6 +371,7 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         fut = self._call.submit(func)
         if callback is not None:
             fut.add_done_callback(callback)
+            fut.add_done_callback(self._call.progressed)  # after joblib's: sees its counts
         return fut
 
     apply_async = submit  # the name joblib < 1.5 calls
@@ -384,6 +393,18 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         except CancelledError:
             raise RuntimeError("this batch was cancelled: its Parallel call was aborted") from None
 
+    @contextlib.contextmanager
+    def retrieval_context(self) -> Iterator[None]:
+        """joblib's main thread collects results by polling, 10 ms asleep between looks,
+        so a call that ends just after a look waits out the rest of that sleep.  For a
+        call that returns a list (the caller sees nothing before the end anyway) this
+        waits for the end first, woken by each batch, so the polling finds it done."""
+        parallel = self.parallel
+        if self._call is not None and parallel is not None and not parallel.return_generator \
+                and parallel.timeout is None:
+            self._call.wait_for_end(parallel)
+        yield
+
     def abort_everything(self, ensure_ready: bool = True) -> None:
         """Stops this call's batches (see ``_Call.abort``).  The pool, and whatever
         else runs on it, goes on either way, so it is always ready."""
@@ -399,8 +420,6 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
     def terminate(self) -> None:
         """Ends the lease; the pool stays for the next call (see get_pool)."""
         self._end_lease()
-        if self._call is not None:
-            self._call.close()
         self._call = None
         self.reset_batch_stats()
 

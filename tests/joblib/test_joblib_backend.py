@@ -145,6 +145,16 @@ def test_a_tasks_exception_keeps_its_type_and_message_and_the_pool_goes_on():
         assert Parallel()(delayed(T.square)(i) for i in range(3)) == [0, 1, 4]
 
 
+def test_an_argument_that_cannot_be_pickled_fails_the_call_instead_of_hanging_it():
+    import threading
+
+    lock = threading.Lock()  # joblib submits later batches from a callback: a raise there is lost
+    with run():
+        with pytest.raises(fastpool.SerializationError, match="lock"):
+            Parallel()(delayed(T.square)(lock if i == 2500 else i) for i in range(3000))
+        assert Parallel()(delayed(T.square)(i) for i in range(3)) == [0, 1, 4]
+
+
 # ---- arrays --------------------------------------------------------------------------
 
 
@@ -243,5 +253,6 @@ def test_parallel_calls_from_several_threads_share_one_pool():
 
     with ThreadPoolExecutor(4) as ex:
         results = list(ex.map(one, range(0, 800, 100)))
-    assert [r[0] for r in results] == [[i * i for i in range(k, k + 200)] for k in range(0, 800, 100)]
+    expected = [[i * i for i in range(k, k + 200)] for k in range(0, 800, 100)]
+    assert [r[0] for r in results] == expected
     assert len({r[1] for r in results}) == 1
