@@ -22,10 +22,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+import _tasks
 import numpy as np
 import pytest
-
-import _tasks
 from _peers import median_s, peak_memory, tag
 
 joblib = pytest.importorskip("joblib", reason="needs the joblib extra: pip install -e '.[joblib]'")
