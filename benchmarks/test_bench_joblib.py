@@ -98,8 +98,9 @@ def test_joblib_grid_search_cv(benchmark, peer):
     X, y = make_classification(n_samples=20_000, n_features=40, n_informative=12, random_state=0)
 
     def call() -> Any:
-        search = GridSearchCV(LogisticRegression(max_iter=500), {"C": [0.01, 0.1, 1.0, 10.0]},
-                              cv=3, n_jobs=WORKERS)
+        search = GridSearchCV(
+            LogisticRegression(max_iter=500), {"C": [0.01, 0.1, 1.0, 10.0]}, cv=3, n_jobs=WORKERS
+        )
         return search.fit(X, y)
 
     search = benchmark.pedantic(call, rounds=3, iterations=1, warmup_rounds=1)

@@ -34,8 +34,11 @@ UNSET: Any = object()
 
 # What fastpool.Pool takes, with its defaults: an option equal to its default is
 # dropped from the key, so `task_timeout=None` and no task_timeout share one pool.
-_POOL_DEFAULTS = {name: p.default for name, p in inspect.signature(Pool.__init__).parameters.items()
-                  if p.kind is p.KEYWORD_ONLY}
+_POOL_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(Pool.__init__).parameters.items()
+    if p.kind is p.KEYWORD_ONLY
+}
 POOL_OPTIONS = frozenset(_POOL_DEFAULTS) - {"max_workers"}
 
 
@@ -43,12 +46,16 @@ def check_options(options: dict[str, Any]) -> None:
     """Raises TypeError naming an option fastpool.Pool does not take."""
     for name in options:
         if name in ("workers", "max_workers"):
-            raise TypeError(f"the fastpool joblib backend sizes its pool from n_jobs; "
-                            f"pass n_jobs=... instead of {name}=")
+            raise TypeError(
+                f"the fastpool joblib backend sizes its pool from n_jobs; "
+                f"pass n_jobs=... instead of {name}="
+            )
         if name not in POOL_OPTIONS:
-            raise TypeError(f"the fastpool joblib backend got an unknown option {name!r}: it takes "
-                            f"joblib's own arguments, idle_worker_timeout, and fastpool.Pool's "
-                            f"options ({', '.join(sorted(POOL_OPTIONS))})")
+            raise TypeError(
+                f"the fastpool joblib backend got an unknown option {name!r}: it takes "
+                f"joblib's own arguments, idle_worker_timeout, and fastpool.Pool's "
+                f"options ({', '.join(sorted(POOL_OPTIONS))})"
+            )
 
 
 def check_idle_timeout(value: Any) -> None:
@@ -57,8 +64,10 @@ def check_idle_timeout(value: Any) -> None:
         return
     seconds = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not seconds or not 0 < value < float("inf"):
-        raise ValueError(f"idle_worker_timeout must be a positive number of seconds or None "
-                         f"(keep the pool until exit), not {value!r}")
+        raise ValueError(
+            f"idle_worker_timeout must be a positive number of seconds or None "
+            f"(keep the pool until exit), not {value!r}"
+        )
 
 
 def _hashable(value: Any) -> Any:
@@ -90,8 +99,9 @@ class Driver:
         with self.lock:
             self.pending.add(fut)
             if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="fastpool-joblib-driver",
-                                               daemon=True)
+                self.thread = threading.Thread(
+                    target=self._run, name="fastpool-joblib-driver", daemon=True
+                )
                 self.thread.start()
         self.wake.set()
         fut.add_done_callback(self._settled)
@@ -220,8 +230,9 @@ def _reap() -> None:
                 _cond.wait(None if wake is None else max(0.0, wake - time.monotonic()))
                 continue
         for entry in retired:
-            log.debug("fastpool: joblib pool %s retired after %s s idle", entry.key,
-                      entry.idle_timeout_s)
+            log.debug(
+                "fastpool: joblib pool %s retired after %s s idle", entry.key, entry.idle_timeout_s
+            )
             entry.pool.shutdown(wait=True, cancel_futures=True)
             entry.driver.close()
 

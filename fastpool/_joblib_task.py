@@ -17,8 +17,9 @@ def _backend(*args: Any, **kwargs: Any) -> Any:
     return FastpoolBackend(*args, **kwargs)
 
 
-def run_batch(fns: tuple[Any, ...], calls: list[tuple[int, tuple, dict]], nested: Any,
-              n_jobs: int | None) -> list[Any]:
+def run_batch(
+    fns: tuple[Any, ...], calls: list[tuple[int, tuple, dict]], nested: Any, n_jobs: int | None
+) -> list[Any]:
     """``[fns[i](*args, **kwargs) for i, args, kwargs in calls]``, as joblib's
     ``BatchedCalls.__call__`` runs them: under the nested backend joblib chose for
     calls made inside a task.  A plain function arrives as its pickle (bytes) and is

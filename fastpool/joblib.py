@@ -39,8 +39,9 @@ try:
     )
     from joblib.parallel import BatchedCalls
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(f"fastpool.joblib needs joblib ({exc}); install it with "
-                      "pip install 'fastpool[joblib]'") from None
+    raise ImportError(
+        f"fastpool.joblib needs joblib ({exc}); install it with pip install 'fastpool[joblib]'"
+    ) from None
 
 from fastpool import _joblib_pools, _joblib_task, errors
 from fastpool._call import CURRENT as _WORKER  # internals: keep these few, and here
@@ -100,8 +101,14 @@ def _in_worker() -> bool:
 class _Call:
     """One Parallel call's state: its shared copies of arrays and its unsettled batches."""
 
-    def __init__(self, pool: Pool, driver: Any, max_nbytes: int | None, mmap_mode: str | None,
-                 timeout: float | None) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        driver: Any,
+        max_nbytes: int | None,
+        mmap_mode: str | None,
+        timeout: float | None,
+    ) -> None:
         self.pool = pool
         self.driver = driver
         self.submitter: Any = pool if timeout is None else pool.options(timeout=timeout)
@@ -132,8 +139,9 @@ class _Call:
                         out = list(args)  # type: ignore[assignment]
                     out[j] = b  # type: ignore[index]
         if kwargs:
-            kwargs = {k: v if type(v) in _PLAIN else self._value(v, nd, 1)
-                      for k, v in kwargs.items()}
+            kwargs = {
+                k: v if type(v) in _PLAIN else self._value(v, nd, 1) for k, v in kwargs.items()
+            }
         return tuple(out), kwargs
 
     def _value(self, value: Any, nd: Any, depth: int) -> Any:
@@ -215,8 +223,9 @@ class _Call:
                 if nd is not None and (kwargs or not _PLAIN.issuperset(map(type, args))):
                     args, kwargs = self.prepare(args, kwargs, nd)
                 calls.append((i, args, kwargs))
-            fut = self.submitter.submit(_joblib_task.run_batch, tuple(fns), calls, func._backend,
-                                        func._n_jobs)
+            fut = self.submitter.submit(
+                _joblib_task.run_batch, tuple(fns), calls, func._backend, func._n_jobs
+            )
             what: tuple = (len(calls), funcs)
         else:
             fut = self.submitter.submit(_joblib_task.run_callable, func)
@@ -247,6 +256,7 @@ class _Call:
         """Returns once joblib's Parallel has every result or is aborting (its own
         ``_wait_retrieval`` test), or when none of this call's batches is pending while
         the test still fails (then joblib's loop takes over).  Ctrl-C interrupts it."""
+
         def ended() -> bool:
             done = parallel.n_completed_tasks >= parallel.n_dispatched_tasks
             return bool(parallel._aborting) or (not parallel._iterating and done)
@@ -297,13 +307,18 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
     uses_threads = False
     default_n_jobs = 1
 
-    def __init__(self, nesting_level: int | None = None, inner_max_num_threads: int | None = None,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        nesting_level: int | None = None,
+        inner_max_num_threads: int | None = None,
+        **options: Any,
+    ) -> None:
         self._idle_timeout_s = options.pop("idle_worker_timeout", _joblib_pools.UNSET)
         _joblib_pools.check_idle_timeout(self._idle_timeout_s)
         _joblib_pools.check_options(options)
-        super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads,
-                         **options)
+        super().__init__(
+            nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads, **options
+        )
         self._lease: Any = None
         self._call: _Call | None = None
 
@@ -331,14 +346,22 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
             return 1
         if _in_worker():
             if n_jobs != 1:
-                warnings.warn("a fastpool-backed Parallel inside a fastpool task runs "
-                              "sequentially (n_jobs=1): a worker cannot start a pool of its own",
-                              stacklevel=3)
+                warnings.warn(
+                    "a fastpool-backed Parallel inside a fastpool task runs "
+                    "sequentially (n_jobs=1): a worker cannot start a pool of its own",
+                    stacklevel=3,
+                )
             return 1
         return _n_workers(n_jobs)
 
-    def configure(self, n_jobs: int = 1, parallel: Any = None, prefer: str | None = None,
-                  require: str | None = None, **kwargs: Any) -> int:
+    def configure(
+        self,
+        n_jobs: int = 1,
+        parallel: Any = None,
+        prefer: str | None = None,
+        require: str | None = None,
+        **kwargs: Any,
+    ) -> int:
         """Leases the pool for (n_jobs, options) and returns its size.  Falls back to
         joblib's sequential backend for one job."""
         n = self.effective_n_jobs(n_jobs)
@@ -350,24 +373,33 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         if self.inner_max_num_threads is not None:
             blas = options.get("blas_threads")
             if blas is not None and blas != self.inner_max_num_threads:
-                raise ValueError(f"inner_max_num_threads={self.inner_max_num_threads} and "
-                                 f"blas_threads={blas} disagree; pass one of them")
+                raise ValueError(
+                    f"inner_max_num_threads={self.inner_max_num_threads} and "
+                    f"blas_threads={blas} disagree; pass one of them"
+                )
             options["blas_threads"] = self.inner_max_num_threads
         self._end_lease()
         self._lease = _joblib_pools.lease(n, options, self._idle_timeout_s)
         self.parallel = parallel
         timeout = getattr(parallel, "timeout", None)
-        self._call = _Call(self._lease.pool, self._lease.driver, joblib_args["max_nbytes"],
-                           joblib_args["mmap_mode"], timeout)
+        self._call = _Call(
+            self._lease.pool,
+            self._lease.driver,
+            joblib_args["max_nbytes"],
+            joblib_args["mmap_mode"],
+            timeout,
+        )
         return n
 
-    def submit(self, func: Callable[[], Any],
-               callback: Callable[[Future], None] | None = None) -> Future:
+    def submit(
+        self, func: Callable[[], Any], callback: Callable[[Future], None] | None = None
+    ) -> Future:
         """Runs one batch on the pool; ``callback`` gets its future when it settles.
         Raises what ``Pool.submit`` raises (SerializationError, PoolClosed, ...)."""
         if self._call is None:
-            raise RuntimeError("the fastpool backend was not configured: joblib calls "
-                               "configure() before submit()")
+            raise RuntimeError(
+                "the fastpool backend was not configured: joblib calls configure() before submit()"
+            )
         fut = self._call.submit(func)
         if callback is not None:
             fut.add_done_callback(callback)
@@ -389,7 +421,8 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         except errors.TaskTimeout as exc:
             raise multiprocessing.TimeoutError(
                 f"a batch ran past Parallel(timeout={exc.timeout_s:g}) seconds; its worker was "
-                "stopped and replaced, the pool goes on") from exc
+                "stopped and replaced, the pool goes on"
+            ) from exc
         except CancelledError:
             raise RuntimeError("this batch was cancelled: its Parallel call was aborted") from None
 
@@ -400,8 +433,12 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         call that returns a list (the caller sees nothing before the end anyway) this
         waits for the end first, woken by each batch, so the polling finds it done."""
         parallel = self.parallel
-        if self._call is not None and parallel is not None and not parallel.return_generator \
-                and parallel.timeout is None:
+        if (
+            self._call is not None
+            and parallel is not None
+            and not parallel.return_generator
+            and parallel.timeout is None
+        ):
             self._call.wait_for_end(parallel)
         yield
 
@@ -437,8 +474,9 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         return (_rebuild, (self.nesting_level, self.inner_max_num_threads, options))
 
 
-def _rebuild(nesting_level: int | None, inner: int | None,
-             options: dict[str, Any]) -> FastpoolBackend:
+def _rebuild(
+    nesting_level: int | None, inner: int | None, options: dict[str, Any]
+) -> FastpoolBackend:
     return FastpoolBackend(nesting_level=nesting_level, inner_max_num_threads=inner, **options)
 
 

@@ -27,7 +27,8 @@ def _nothing_left_behind() -> Iterator[None]:
     procs0, shm0 = workers_alive(), shm_names()
     yield
     fastpool.joblib.shutdown()
-    assert wait_until(lambda: not (workers_alive() - procs0)), \
+    assert wait_until(lambda: not (workers_alive() - procs0)), (
         f"processes left after fastpool.joblib.shutdown(): {workers_alive() - procs0}"
+    )
     mine = {n for n in shm_names() - shm0 if n.startswith(("fp_", "joblib_", "loky"))}
     assert not mine, f"/dev/shm entries left behind: {mine}"

@@ -16,7 +16,6 @@ from joblib import Parallel, delayed, parallel_config
 
 import fastpool
 import fastpool.joblib
-from fastpool import _sizing
 from fastpool.joblib import FastpoolBackend
 
 
@@ -67,7 +66,7 @@ def test_unknown_options_are_refused_with_what_to_do():
 
 def test_n_jobs_minus_one_counts_the_cpus_this_process_may_use(monkeypatch):
     backend = FastpoolBackend()
-    assert backend.effective_n_jobs(-1) == _sizing.usable_cpus()
+    assert backend.effective_n_jobs(-1) == fastpool.joblib.usable_cpus()  # fastpool's sizing
     monkeypatch.setattr(fastpool.joblib, "usable_cpus", lambda: 5)
     assert backend.effective_n_jobs(-1) == 5
     assert backend.effective_n_jobs(-2) == 4
@@ -93,7 +92,8 @@ def test_return_as_generator_unordered_yields_as_tasks_finish(tmp_path):
     with run():
         # the first task waits for the second: unordered, the second comes out first
         gen = Parallel(return_as="generator_unordered", batch_size=1)(
-            [delayed(T.wait_for_file)(flag, "first"), delayed(T.create_file)(flag, "second")])
+            [delayed(T.wait_for_file)(flag, "first"), delayed(T.create_file)(flag, "second")]
+        )
         assert list(gen) == ["second", "first"]
 
 
@@ -140,8 +140,10 @@ def test_a_nested_parallel_inside_a_task_runs_without_deadlock():
 def test_a_tasks_exception_keeps_its_type_and_message_and_the_pool_goes_on():
     with run():
         with pytest.raises(T.OddError, match="odd thing 7"):
-            Parallel()(delayed(T.raise_odd)(f"odd thing {i}") if i == 7 else delayed(T.square)(i)
-                       for i in range(10))
+            Parallel()(
+                delayed(T.raise_odd)(f"odd thing {i}") if i == 7 else delayed(T.square)(i)
+                for i in range(10)
+            )
         assert Parallel()(delayed(T.square)(i) for i in range(3)) == [0, 1, 4]
 
 

@@ -38,7 +38,8 @@ def test_parallel_timeout_stops_the_slow_task_only(tmp_path):
         with pytest.raises(multiprocessing.TimeoutError):  # joblib's own, not the builtin
             Parallel(timeout=3, batch_size=1)(
                 [delayed(T.report_then_hang)(slow_pid_file)]
-                + [delayed(T.square)(i) for i in range(4)])
+                + [delayed(T.square)(i) for i in range(4)]
+            )
         with open(slow_pid_file) as f:
             slow = int(f.read())
         assert wait_until(lambda: slow not in pool.pids(), 30.0), "the slow task still runs"
@@ -52,9 +53,13 @@ def test_an_error_stops_the_calls_running_batches_but_no_other_worker(tmp_path):
     with parallel_config(backend="fastpool", n_jobs=2):
         Parallel()(delayed(T.square)(i) for i in range(4))
         with pytest.raises(T.OddError):
-            Parallel(batch_size=1)([delayed(T.report_then_hang)(hang_pid_file),
-                                    delayed(T.wait_for_file)(hang_pid_file, None),
-                                    delayed(T.raise_odd)("stop")])
+            Parallel(batch_size=1)(
+                [
+                    delayed(T.report_then_hang)(hang_pid_file),
+                    delayed(T.wait_for_file)(hang_pid_file, None),
+                    delayed(T.raise_odd)("stop"),
+                ]
+            )
         with open(hang_pid_file) as f:
             hung = int(f.read())
         assert wait_until(lambda: hung not in pool.pids(), 30.0), "the abandoned batch still runs"

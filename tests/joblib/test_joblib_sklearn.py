@@ -51,8 +51,9 @@ def test_grid_search_cv_matches_n_jobs_1(data):
         lambda: GridSearchCV(DecisionTreeClassifier(random_state=0), grid, cv=3, n_jobs=2).fit(X, y)
     )
     assert parallel.best_params_ == serial.best_params_
-    np.testing.assert_array_equal(parallel.cv_results_["mean_test_score"],
-                                  serial.cv_results_["mean_test_score"])
+    np.testing.assert_array_equal(
+        parallel.cv_results_["mean_test_score"], serial.cv_results_["mean_test_score"]
+    )
 
 
 def test_random_forest_matches_n_jobs_1(data):
