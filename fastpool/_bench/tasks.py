@@ -32,6 +32,12 @@ def total(arr) -> float:
     return float(arr.sum())
 
 
+def part_total(arr, i: int, parts: int) -> float:
+    """Part ``i`` of ``parts`` row blocks of a shared input: each task reads its share."""
+    rows = arr.shape[0]
+    return float(arr[i * rows // parts : (i + 1) * rows // parts].sum())
+
+
 def double(arr):
     """Round trip: the array goes to the worker, a new array as large comes back."""
     return arr * 2
