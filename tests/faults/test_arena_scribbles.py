@@ -16,6 +16,7 @@ import random
 import subprocess
 import sys
 
+import _faulty
 import _tasks
 import numpy as np
 import pytest
@@ -225,7 +226,7 @@ def test_a_task_that_scribbles_the_arena_costs_its_worker_and_the_pool_goes_on()
     with make_pool(1, backoff_base_s=0.01) as p:
         held = p.share(np.arange(1000.0))
         with pytest.raises(errors.SegmentCorrupt, match="region 1"):
-            p.submit(_tasks.scribble_arena_top).result(timeout=RESULT_S)
+            p.submit(_faulty.scribble_arena_top).result(timeout=RESULT_S)
         out = p.submit(_tasks.double, np.ones(1 << 18)).result(
             timeout=RESULT_S
         )  # a result in the arena

@@ -5,7 +5,6 @@ import signal
 import threading
 import time
 
-import _faulty
 import _tasks
 import numpy as np
 import pytest
@@ -45,8 +44,8 @@ def test_timeouts_in_a_row_do_not_open_the_breaker():
     with fastpool.Pool(1, max_failures=3) as p:
         for _ in range(5):
             with pytest.raises(fastpool.TaskTimeout):
-                p.options(timeout=0.1).submit(_faulty.sleep_then, 1, 30).result(timeout=30)
-        assert p.submit(_faulty.double, 4).result(timeout=30) == 8  # no CircuitOpen
+                p.options(timeout=0.1).submit(_tasks.sleep_then, 1, 30).result(timeout=30)
+        assert p.submit(_tasks.double, 4).result(timeout=30) == 8  # no CircuitOpen
         assert p.stats()["workers"][0]["failures"] == 0
 
 
@@ -55,7 +54,7 @@ def test_oversized_initargs_fail_pool_creation_naming_them_and_leak_nothing():
     for _ in range(3):
         with pytest.raises(fastpool.SerializationError, match="initargs"):
             fastpool.Pool(
-                1, ring_bytes=1 << 16, initializer=_faulty.double, initargs=(list(range(100_000)),)
+                1, ring_bytes=1 << 16, initializer=_tasks.double, initargs=(list(range(100_000)),)
             )
     assert len(os.listdir("/proc/self/fd")) == fds
 
@@ -64,13 +63,13 @@ def test_result_too_big_for_the_arena_is_a_shared_memory_error():
     with fastpool.Pool(1, arena_bytes=8 << 20) as p:
         with pytest.raises(fastpool.SharedMemoryError):
             p.submit(np.ones, 8 << 20).result(timeout=60)  # 64 MiB of float64
-        assert p.submit(_faulty.double, 1).result(timeout=30) == 2
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
 
 
 def test_workers_of_a_killed_template_are_reported_at_once(tmp_path):
     started = tmp_path / "started"
     with fastpool.Pool(2, backoff_base_s=0.01) as p:
-        assert p.submit(_faulty.double, 1).result(timeout=30) == 2
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
         busy = p.submit(_tasks.touch_then_sleep, str(started), 1, 30)
         wait_for(started.exists, what="the task to start")
         t0 = time.monotonic()
@@ -79,4 +78,4 @@ def test_workers_of_a_killed_template_are_reported_at_once(tmp_path):
             busy.result(timeout=30)
         assert info.value.exitcode == -signal.SIGKILL
         assert time.monotonic() - t0 < 1.0  # no 1 s wait per worker for a status that cannot come
-        assert p.submit(_faulty.double, 3).result(timeout=30) == 6
+        assert p.submit(_tasks.double, 3).result(timeout=30) == 6

@@ -12,7 +12,8 @@ import os
 import signal
 
 import pytest
-from _faulty import appended_ids, double, gated_initializer
+from _faulty import gated_initializer
+from _tasks import appended_ids, double
 from _waiting import running, wait_for, wait_gone, wait_workers_ready
 
 import fastpool

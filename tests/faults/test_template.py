@@ -4,7 +4,6 @@ import os
 import signal
 import threading
 
-import _faulty
 import _tasks
 import pytest
 from _waiting import running, wait_for
@@ -36,7 +35,7 @@ def test_pool_created_in_a_thread_that_exits_keeps_working():
             lambda: str(t.native_id) not in os.listdir("/proc/self/task"),
             what="the creating thread to exit",
         )
-        assert p.submit(_faulty.double, 5).result(timeout=30) == 10
+        assert p.submit(_tasks.double, 5).result(timeout=30) == 10
         assert _template.template().pid == tpid and running(tpid)
         assert p.stats()["crashed"] == 0
     finally:
@@ -45,21 +44,21 @@ def test_pool_created_in_a_thread_that_exits_keeps_working():
 
 def test_killed_template_is_replaced_and_the_pool_goes_on(tmp_path):
     with fastpool.Pool(2, backoff_base_s=0.01) as p:
-        assert p.submit(_faulty.double, 1).result(timeout=30) == 2
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
         busy = p.submit(_tasks.touch_then_sleep, str(tmp_path / "started"), 1, 30)
         wait_for((tmp_path / "started").exists, what="the task to start")
         old = _template.template().pid
         os.kill(old, signal.SIGKILL)  # its workers die with it
         with pytest.raises(WorkerCrashed):
             busy.result(timeout=30)
-        assert [p.submit(_faulty.double, i).result(timeout=30) for i in range(4)] == [0, 2, 4, 6]
+        assert [p.submit(_tasks.double, i).result(timeout=30) for i in range(4)] == [0, 2, 4, 6]
         assert _template.template().pid not in (None, old)
 
 
 _START = """
 import os, sys
 sys.path.insert(0, {tests!r})
-import fastpool, _faulty
+import fastpool, _tasks
 from fastpool._runtime import _template
 if __name__ == "__main__":
     import numpy as np
@@ -69,7 +68,7 @@ if __name__ == "__main__":
         faulthandler.dump_traceback_later(600)  # a C thread that threading does not list
     r, w = os.pipe()  # opened before the template: it must not keep w open
     with fastpool.Pool(2) as p:
-        assert sorted(p.map(_faulty.double, range(10))) == [2 * i for i in range(10)]
+        assert sorted(p.map(_tasks.double, range(10))) == [2 * i for i in range(10)]
         tpid = _template.template().pid
         os.close(w)
         assert os.read(r, 1) == b"", "the template holds the parent's pipe open"

@@ -42,7 +42,7 @@ _BLAS_THREADS = """
     import os, sys, threading
     sys.path.insert(0, TESTS_DIR)
     import numpy as np
-    import fastpool, _tasks, _template_tasks
+    import fastpool, _tasks
     from fastpool._runtime import _forksafe, _template
 
     def thread_names():
@@ -62,7 +62,7 @@ _BLAS_THREADS = """
         print("before", before, blas, thread_names(), file=sys.stderr)
         with fastpool.Pool(2) as p:
             assert p.submit(_tasks.add, 1, 2).result(timeout=60) == 3
-            assert p.submit(_template_tasks.blas_matmul, 300).result(timeout=60) == 300.0
+            assert p.submit(_tasks.blas_matmul, 300).result(timeout=60) == 300.0
             t = _template.template()
             kind, tpid = type(t._proc).__name__, t.pid
             assert p.map(_tasks.double, range(8)) is not None
@@ -151,7 +151,7 @@ _INHERITED_LOG = """
     import logging, os, sys
     sys.path.insert(0, TESTS_DIR)
     import numpy as np
-    import fastpool, _tasks, _template_tasks
+    import fastpool, _tasks
     from fastpool._runtime import _template
 
     if __name__ == "__main__":
@@ -166,8 +166,8 @@ _INHERITED_LOG = """
         with fastpool.Pool(1) as p:
             assert type(_template.template()._proc).__name__ == "_ForkedProcess"
             for _ in range(5):
-                p.submit(_template_tasks.log_lines, 50).result(timeout=60)
-            assert p.submit(_template_tasks.root_handler_count).result(timeout=60) == 0
+                p.submit(_tasks.log_lines, 50).result(timeout=60)
+            assert p.submit(_tasks.root_handler_count).result(timeout=60) == 0
             big = np.arange(1 << 16, dtype=np.float64)  # travels through the arena
             for i in range(50):
                 assert p.submit(_tasks.add, i, 1).result(timeout=60) == i + 1

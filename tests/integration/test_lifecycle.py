@@ -12,7 +12,7 @@ import gc
 import threading
 import weakref
 
-from _faulty import announce_then_gate, double
+from _tasks import announce_then_gate, double
 from _waiting import wait_for, wait_gone, wait_workers_ready
 
 import fastpool

@@ -14,7 +14,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from _faulty import double, nbytes_of
+from _tasks import double, nbytes_of
 
 import fastpool
 
