@@ -1,12 +1,15 @@
-"""A second process that maps the arena (as every worker does) writes garbage
-over its headers; the parent's arena calls report it and never hang or crash.
+"""A process that writes into the arena, as every worker can, never hangs or crashes
+the parent; the board's own damage is tests/faults/test_board_scribbles.py.
 
-The child is a real process: a fresh interpreter that attaches the arena by
-the fd it inherits, as a worker does, allocates "results" in its own region,
-then overwrites header words of every region through ctypes with values a
-stray write produces (zero, one, huge, wrapping, random odd) and exits.  The
-parent then runs every arena call it has.  (The pool-level part, failing that
-worker's tasks and replacing it, is the supervisor's; see the xfail below.)
+The arena is a different room from the board, with different defences: the parent
+walks each region's block headers, reports a damaged region (SegmentCorrupt,
+RegionCorrupt) and resets it, and maps a read-only array read-only in the process
+that receives it.  The scribbler is a real process: a fresh interpreter that
+attaches the arena by the fd it inherits, as a worker does, allocates "results" in
+its own region, then overwrites header words of every region through ctypes with
+values a stray write produces (zero, one, huge, wrapping, random odd) and exits;
+the parent then runs every arena call it has.  At pool level, a task that damages
+its own region costs that worker, and the pool goes on.
 """
 
 from __future__ import annotations

@@ -93,6 +93,15 @@ def test_task_timeout_kills_and_replaces_the_worker(pool):
     assert pool.stats()["crashes"][-1]["cause"] == "timeout"
 
 
+def test_timeouts_in_a_row_do_not_open_the_breaker():
+    with fastpool.Pool(1, max_failures=3) as p:
+        for _ in range(5):
+            with pytest.raises(fastpool.TaskTimeout):
+                p.options(timeout=0.1).submit(_tasks.sleep_then, 1, 30).result(timeout=30)
+        assert p.submit(_tasks.double, 4).result(timeout=30) == 8  # no CircuitOpen
+        assert p.stats()["workers"][0]["failures"] == 0
+
+
 def test_pool_default_task_timeout():
     with fastpool.Pool(1, task_timeout=0.3, backoff_base_s=0.01) as p:
         with pytest.raises(TaskTimeout):
