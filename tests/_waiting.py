@@ -10,7 +10,7 @@ beyond any plausible delay passes.
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 import psutil
 
@@ -24,13 +24,15 @@ def wait_for(
     predicate: Callable[[], T],
     timeout: float = DEADLINE_S,
     what: str | Callable[[], str] = "a condition",
+    poll_s: float = POLL_S,
 ) -> T:
     """Call ``predicate`` until it returns something truthy, and return that.
 
     Fails the test with AssertionError naming ``what`` (a string, or a callable
     called only then, to report state such as ``pool.stats()``) once ``timeout``
     seconds pass.  The predicate runs once more at the deadline, so a slow
-    machine that gets there just in time still passes.
+    machine that gets there just in time still passes.  ``poll_s``: the pause
+    between calls, longer for a predicate that is costly to evaluate.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -41,9 +43,31 @@ def wait_for(
             value = predicate()
             if value:
                 return value
-            detail = what() if callable(what) else what
-            raise AssertionError(f"gave up after {timeout:g} s waiting for {detail}")
-        time.sleep(POLL_S)
+            _give_up(timeout, what)
+        time.sleep(poll_s)
+
+
+async def until(
+    predicate: Callable[[], T],
+    what: str | Callable[[], str] = "a condition",
+    timeout: float = DEADLINE_S,
+) -> T:
+    """``wait_for`` inside a coroutine: polls without blocking the event loop."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            _give_up(timeout, what)
+        await asyncio.sleep(POLL_S)
+
+
+def _give_up(timeout: float, what: str | Callable[[], str]) -> NoReturn:
+    detail = what() if callable(what) else what
+    raise AssertionError(f"gave up after {timeout:g} s waiting for {detail}")
 
 
 def running(pid: int) -> bool:

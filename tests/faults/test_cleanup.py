@@ -74,15 +74,17 @@ _PARENT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     import fastpool, _tasks
+    from _waiting import wait_for
     from fastpool._runtime import _template
     if __name__ == "__main__":
         p = fastpool.Pool(2)
         keep = p.zeros(10**6)
         futs = [p.submit(_tasks.sleep_then, i, 60) for i in range(4)]
-        deadline = time.monotonic() + 60
-        while sum(bool(w["current_task"]) for w in p.stats()["workers"]) < 2:  # both busy
-            assert time.monotonic() < deadline, p.stats()
-            time.sleep(0.005)
+        wait_for(  # both busy
+            lambda: sum(bool(w["current_task"]) for w in p.stats()["workers"]) == 2,
+            60,
+            lambda: f"both workers busy: {{p.stats()}}",
+        )
         print(_template.template().pid, *p.pids(), flush=True)
         time.sleep(120)  # until the test SIGKILLs this process
 """)
@@ -114,6 +116,7 @@ _CTRL_C = textwrap.dedent("""
     import os, sys, threading, time
     sys.path.insert(0, {tests!r})
     import fastpool, _tasks
+    from _waiting import wait_for
 
     calling = threading.Event()
 
@@ -123,13 +126,13 @@ _CTRL_C = textwrap.dedent("""
         # has no Python frame to look for)
         calling.wait()
         stat = f"/proc/self/task/{{threading.main_thread().native_id}}/stat"
-        while True:
+
+        def sleeping():
             with open(stat) as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            if state == "S":
-                print("waiting", flush=True)
-                return
-            time.sleep(0.001)
+                return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+        wait_for(sleeping, 60, "the main thread to sleep in result()")
+        print("waiting", flush=True)
 
     if __name__ == "__main__":
         with fastpool.Pool(1) as p:

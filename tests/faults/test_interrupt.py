@@ -32,13 +32,15 @@ _SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     import fastpool, _tasks
+    from _waiting import wait_for
     from fastpool._runtime import _template
 
     def wait_busy(pool):
-        deadline = time.monotonic() + 60
-        while sum(bool(w["current_task"]) for w in pool.stats()["workers"]) < 2:
-            assert time.monotonic() < deadline, pool.stats()["workers"]
-            time.sleep(0.01)
+        wait_for(
+            lambda: sum(bool(w["current_task"]) for w in pool.stats()["workers"]) == 2,
+            60,
+            lambda: f"both workers busy: {{pool.stats()['workers']}}",
+        )
         print("ready", _template.template().pid, *pool.pids(), flush=True)
 
     if __name__ == "__main__":

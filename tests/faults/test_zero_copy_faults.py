@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import _arrays
 import _faulty
 import _tasks
 import numpy as np
 import pytest
+from _waiting import wait_workers_ready
 from conftest import make_pool
 
 import fastpool
@@ -16,11 +15,6 @@ import fastpool
 RESULT_S = 60
 
 
-def _wait_ready(pool: fastpool.Pool) -> None:
-    deadline = time.monotonic() + RESULT_S
-    while any(w["state"] != "ready" for w in pool.stats()["workers"]):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
 
 
 @pytest.mark.faults
@@ -36,7 +30,7 @@ def test_a_sigkilled_worker_holding_views_gives_its_references_back():
         assert p._arena.is_free(off)  # no process holds it: free and reusable
         again = p.zeros(1 << 20)
         assert fastpool._runtime._codec._block_of(again).off == off
-        _wait_ready(p)
+        wait_workers_ready(p)
         assert p.submit(_arrays.total, again + 1).result(timeout=RESULT_S) == 1 << 20
 
 

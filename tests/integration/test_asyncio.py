@@ -14,28 +14,16 @@ import asyncio
 import concurrent.futures as cf
 import os
 import threading
-import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable
 
 import _faulty
 import _tasks
 import pytest
-from _waiting import wait_for, wait_workers_ready
+from _waiting import until, wait_for, wait_workers_ready
 from conftest import make_pool
 
 import fastpool
-
-DEADLINE_S = 30.0
-
-
-async def until(predicate: Callable[[], Any], what: str | Callable[[], str]) -> None:
-    """wait_for for a coroutine: polls without blocking the loop; fails after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what() if callable(what) else what}")
-        await asyncio.sleep(0.005)
 
 
 def run(coro: Awaitable[Any]) -> Any:
