@@ -10,7 +10,7 @@ beyond any plausible delay passes.
 from __future__ import annotations
 
 import time
-from typing import Callable, NoReturn, TypeVar
+from typing import Callable, Generator, TypeVar
 
 import psutil
 
@@ -34,17 +34,13 @@ def wait_for(
     machine that gets there just in time still passes.  ``poll_s``: the pause
     between calls, longer for a predicate that is costly to evaluate.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            value = predicate()
-            if value:
-                return value
-            _give_up(timeout, what)
-        time.sleep(poll_s)
+    polls = _polls(predicate, timeout, what)
+    try:
+        while True:
+            next(polls)
+            time.sleep(poll_s)
+    except StopIteration as done:
+        return done.value
 
 
 async def until(
@@ -55,19 +51,32 @@ async def until(
     """``wait_for`` inside a coroutine: polls without blocking the event loop."""
     import asyncio
 
+    polls = _polls(predicate, timeout, what)
+    try:
+        while True:
+            next(polls)
+            await asyncio.sleep(POLL_S)
+    except StopIteration as done:
+        return done.value
+
+
+def _polls(
+    predicate: Callable[[], T], timeout: float, what: str | Callable[[], str]
+) -> Generator[None, None, T]:
+    """The one polling loop: yields while the caller should pause, returns the
+    predicate's truthy value, or raises AssertionError at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
-            _give_up(timeout, what)
-        await asyncio.sleep(POLL_S)
-
-
-def _give_up(timeout: float, what: str | Callable[[], str]) -> NoReturn:
-    detail = what() if callable(what) else what
-    raise AssertionError(f"gave up after {timeout:g} s waiting for {detail}")
+            value = predicate()
+            if value:
+                return value
+            detail = what() if callable(what) else what
+            raise AssertionError(f"gave up after {timeout:g} s waiting for {detail}")
+        yield
 
 
 def running(pid: int) -> bool:

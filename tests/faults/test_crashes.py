@@ -124,20 +124,26 @@ def test_long_python_task_keeps_beating_and_is_not_hung():
         assert p.stats()["crashed"] == 0
 
 
+def _breaker_opened(pool) -> CircuitOpen:
+    """Waits for the one worker's breaker to open; returns what a submit then raises."""
+    wait_for(
+        lambda: pool.stats()["workers"][0]["state"] == "open",
+        what=lambda: f"the breaker: {pool.stats()}",
+    )
+    with pytest.raises(CircuitOpen) as info:
+        pool.submit(_tasks.double, 1)
+    return info.value
+
+
 @pytest.mark.parametrize("init", [_faulty.bad_initializer, _faulty.exiting_initializer])
 def test_broken_initializer_opens_the_breaker(init):
     proc = psutil.Process()
     cpu0 = sum(proc.cpu_times()[:2])
     p = fastpool.Pool(1, initializer=init, backoff_base_s=0.01, backoff_cap_s=0.05, max_failures=4)
     try:
-        wait_for(
-            lambda: p.stats()["workers"][0]["state"] == "open",
-            what=lambda: f"the breaker: {p.stats()}",
-        )
-        with pytest.raises(CircuitOpen) as info:
-            p.submit(_tasks.double, 1)
-        assert info.value.retry_after_s > 0
-        assert "init" in str(info.value)
+        info = _breaker_opened(p)
+        assert info.retry_after_s > 0
+        assert "init" in str(info)
         # 4 starts in all; that no start follows while open is the next test's claim
         assert p.stats()["restarts"] == 3
     finally:
@@ -159,15 +165,10 @@ def test_a_crash_looping_initializer_is_started_max_failures_times_then_not_for_
         backoff_cap_s=0.01,
     )
     try:
-        wait_for(
-            lambda: p.stats()["workers"][0]["state"] == "open",
-            what=lambda: f"the breaker: {p.stats()}",
-        )
-        with pytest.raises(CircuitOpen) as info:
-            p.submit(_tasks.double, 1)
+        info = _breaker_opened(p)
         assert len(log.read_text().split()) == _policy.DEFAULT_MAX_FAILURES
         # the pool's own promise, not a measured time: no start before this much longer
-        assert info.value.retry_after_s > 10.0
+        assert info.retry_after_s > 10.0
         assert p.stats()["workers"][0]["state"] == "open"
         assert len(log.read_text().split()) == _policy.DEFAULT_MAX_FAILURES
     finally:
