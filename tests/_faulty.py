@@ -158,6 +158,7 @@ def unknown_array_reply(task_id, nbytes):
 
 # ---- a task that damages shared memory: the parent must not trust it ------------------
 
+
 def scribble(target, value, hold_s=0.0):
     """Overwrites, from inside a task, one word of shared memory this worker can write:
 

@@ -63,17 +63,17 @@ headers = [b.off for b in mine] + parent_blocks
 for _ in range(rng.randrange(1, 6)):
     what = rng.randrange(5)
     if what == 0:
-        put64(128 + 8 * rng.randrange(a.nprocs), garbage(0))              # a region's top
+        put64(128 + 8 * rng.randrange(a.nprocs), garbage(0))             # a region's top
     else:
         h = rng.choice(headers)
         if what == 1:
-            put64(h + 8, garbage(h))                                      # a block's size
+            put64(h + 8, garbage(h))                                     # a block's size
         elif what == 2:
-            put64(h, garbage(h))                                          # its magic
+            put64(h, garbage(h))                                         # its magic
         elif what == 3:
-            put64(h + 16, garbage(h))                                     # its generation
-        else:
-            put32(h + 32 + 4 * rng.randrange(a.nprocs), garbage(h) | 1)   # a count: garbage, not zero
+            put64(h + 16, garbage(h))                                    # its generation
+        else:  # a count: garbage, not zero
+            put32(h + 32 + 4 * rng.randrange(a.nprocs), garbage(h) | 1)
 """
 
 
@@ -193,7 +193,8 @@ WRITER = r"""
 import ctypes, sys
 from fastpool._native import _arena
 a = _arena.Arena.attach(int(sys.argv[1]), 1)
-arr = _arena.rebuild(a.token, int(sys.argv[2]), int(sys.argv[3]), 0, "f8", (1000,), (8,), sys.argv[4] == "ro", -1)
+off, gen, readonly = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "ro"
+arr = _arena.rebuild(a.token, off, gen, 0, "f8", (1000,), (8,), readonly, -1)
 print("mapped", flush=True)
 ctypes.memset(arr.ctypes.data, 0x7f, 8000)
 print("wrote", flush=True)

@@ -59,7 +59,9 @@ _BLAS_THREADS = """
         a @ a  # OpenBLAS's pool has run a job
         before = _forksafe.os_threads()
         from threadpoolctl import threadpool_info
-        blas = [(i["internal_api"], i["threading_layer"], i["num_threads"]) for i in threadpool_info()]
+        blas = [
+            (i["internal_api"], i["threading_layer"], i["num_threads"]) for i in threadpool_info()
+        ]
         assert threading.active_count() == 1
         print("before", before, blas, thread_names(), file=sys.stderr)
         with fastpool.Pool(2) as p:

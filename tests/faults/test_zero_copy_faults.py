@@ -15,8 +15,6 @@ import fastpool
 RESULT_S = 60
 
 
-
-
 @pytest.mark.faults
 def test_a_sigkilled_worker_holding_views_gives_its_references_back():
     with make_pool(1, backoff_base_s=0.01) as p:

@@ -81,7 +81,9 @@ def test_an_array_in_a_tuple_a_task_returns_reaches_the_parent_without_a_copy(
     from fastpool._native import _arena
 
     # Dask wraps a task's value as [(key, (value, id), failed)]: the array sits four deep
-    ((arr, where_in_worker),) = dask.compute(delayed(_arrays.make_with_where)(32 * MIB), scheduler=pool)
+    ((arr, where_in_worker),) = dask.compute(
+        delayed(_arrays.make_with_where)(32 * MIB), scheduler=pool
+    )
     assert _arena.address_of(arr) - pool._arena.base_address == where_in_worker
     assert arr[0] == 2.0
 

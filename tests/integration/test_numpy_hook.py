@@ -1,5 +1,6 @@
-"""NumPy's allocator hook in real workers (fastpool/_native/_alloc.pyx): a worker's new array is made
-in its arena region and reaches the parent without a copy, and nothing about the array changes.
+"""NumPy's allocator hook in real workers (fastpool/_native/_alloc.pyx): a worker's new
+array is made in its arena region and reaches the parent without a copy, and nothing
+about the array changes.
 
 "Without a copy" is checked, not assumed: each task returns where its array's bytes sit in
 the arena, and the parent compares that with where its own view of the result sits."""
@@ -79,8 +80,7 @@ def test_no_block_leaks_once_results_are_dropped():
     with make_pool(2) as p:
         results = [p.submit(_arrays.double_where, arr).result(timeout=RESULT_S) for _ in range(4)]
         results += [
-            p.submit(_arrays.double_in_containers, arr).result(timeout=RESULT_S)
-            for _ in range(2)
+            p.submit(_arrays.double_in_containers, arr).result(timeout=RESULT_S) for _ in range(2)
         ]
         assert p.submit(_arrays.temporaries, arr).result(timeout=RESULT_S) == 5 * arr.sum()
         assert p._arena.usage()["live_blocks"] > 0
