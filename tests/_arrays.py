@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -100,14 +99,12 @@ def stored_info_once_all_met(directory: str, n: int) -> tuple[int, dict]:
 
 
 def cooperative_array(started, nbytes, limit_s=30.0):
-    """Creates ``started``, waits until fastpool.cancelled() (at most limit_s), then
-    returns an array of nbytes: large enough to travel in the worker's arena region
-    with a handoff reference, for a future that is cancelled and never reads it."""
-    with open(started, "w"):
-        pass
-    deadline = time.monotonic() + limit_s
-    while not fastpool.cancelled() and time.monotonic() < deadline:
-        time.sleep(0.002)
+    """``_tasks.cooperative`` (touch ``started``, run until cancelled, at most limit_s),
+    then returns an array of nbytes: large enough to travel in the worker's arena
+    region with a handoff reference, for a future that is cancelled and never reads it."""
+    from _tasks import cooperative
+
+    cooperative(limit_s, started)
     return np.ones(nbytes // 8)
 
 

@@ -10,13 +10,13 @@ this directory on ``sys.path`` and the workers inherit it.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
 from typing import Any
 
-import numpy as np
+# numpy and logging are imported where used: a worker imports this module on its first
+# task, and some tests race that task against others.
 
 # How long a task waits for the test's signal before it gives up, so a failed test
 # never strands a worker.
@@ -369,6 +369,8 @@ def submit_from_callback(executor: Any, n: int, out: list, errors: list) -> Any:
 
 def log_lines(n: int, width: int = 200) -> int:
     """Logs n lines through whatever handlers the root logger has in this worker."""
+    import logging
+
     log = logging.getLogger("fastpool-test.task")
     for i in range(n):
         log.info("%d %s", i, "x" * width)
@@ -376,10 +378,14 @@ def log_lines(n: int, width: int = 200) -> int:
 
 
 def root_handler_count() -> int:
+    import logging
+
     return len(logging.getLogger().handlers)
 
 
 def blas_matmul(n: int) -> float:
+    import numpy as np
+
     a = np.ones((n, n))
     return float((a @ a)[0, 0])
 
@@ -389,23 +395,31 @@ def blas_matmul(n: int) -> float:
 
 def rosen(x: Any) -> float:
     """The Rosenbrock function, with an ill-conditioned valley: the optimisers' usual test."""
+    import numpy as np
+
     x = np.asarray(x)
     return float(np.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2))
 
 
 def bumps(x: Any, scale: float = 1.0) -> float:
     """Several local minima, for brute force on a grid."""
+    import numpy as np
+
     x = np.asarray(x)
     return float(scale * np.sum(np.sin(3 * x) + 0.1 * x**2))
 
 
 def vector_integrand(t: float) -> Any:
     """A vector-valued integrand for quad_vec: t**k for k = 0..4."""
+    import numpy as np
+
     return t ** np.arange(5)
 
 
 def log_prob_gauss(theta: Any, ivar: Any) -> float:
     """log-density of an axis-aligned Gaussian with inverse variances ivar."""
+    import numpy as np
+
     return float(-0.5 * np.sum(ivar * np.asarray(theta) ** 2))
 
 
