@@ -1,16 +1,23 @@
-"""Worker-side functions for the zero-copy tests (importable by name in workers)."""
+"""Worker-side functions about arrays: zero copy, transfer, results in shared memory,
+and arrays NumPy makes inside a worker (the allocator hook), importable by name.
+
+The hook tasks return where their array's bytes sit in the worker's arena (an offset
+from the arena's start) next to the array, so the parent can tell a result sent as it
+is (same offset on both sides) from a copy.  fastpool internals are imported where
+they are used, so a task that does not need them does not depend on their paths."""
 
 from __future__ import annotations
 
 import os
-import signal
+import threading
+from typing import Any
 
 import numpy as np
 
 import fastpool
 
-_HELD: list = []
 _DATA: list = []
+KEPT: list = []
 
 
 def fill(out, lo: int, hi: int, value: float) -> None:
@@ -19,6 +26,18 @@ def fill(out, lo: int, hi: int, value: float) -> None:
 
 def total(arr) -> float:
     return float(np.asarray(arr).sum())
+
+
+def make(n_bytes: int, fill: float) -> Any:
+    """A new array, born in the worker (so in the pool's shared memory when large)."""
+    return np.full(n_bytes // 8, fill)
+
+
+def poke(x: Any, i: int, value: float) -> int:
+    """Writes one element of the array the task received: if it is the very memory
+    the parent holds, the parent sees the write."""
+    x[i] = value
+    return i
 
 
 def read_at(arr, i: int) -> float:
@@ -51,19 +70,6 @@ def echo(arr):
     return arr
 
 
-def double(arr):
-    return arr * 2
-
-
-def hold_then_die(arr) -> None:
-    _HELD.append(arr[1:])  # a view: this worker's reference stays until it dies
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def die(arr) -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def double_and_transfer_back(arr):
     arr *= 2
     return fastpool.transfer(arr)
@@ -87,3 +93,141 @@ def stored_info_once_all_met(directory: str, n: int) -> tuple[int, dict]:
     import _tasks
 
     return _tasks.meet(directory, n), stored_info()
+
+
+# ---- results whose shared blocks must be released though nobody decodes them ---------
+
+
+def cooperative_array(started, nbytes, limit_s=30.0):
+    """``_tasks.cooperative`` (touch ``started``, run until cancelled, at most limit_s),
+    then returns an array of nbytes: large enough to travel in the worker's arena
+    region with a handoff reference, for a future that is cancelled and never reads it."""
+    from _tasks import cooperative
+
+    cooperative(limit_s, started)
+    return np.ones(nbytes // 8)
+
+
+def array_with_a_big_pickle(nbytes, nitems):
+    """An array that travels by descriptor (a block handed to the parent) beside a
+    list whose pickle is too big for a small ring: the result never fits."""
+    return np.ones(nbytes // 8), list(range(nitems))
+
+
+def unrebuildable_then_array(nbytes):
+    """A result that pickles in the worker but fails to unpickle in the parent
+    (TwoArgError cannot be rebuilt) before it reaches the array after it."""
+    from _tasks import TwoArgError
+
+    return TwoArgError("cannot come back", 7), np.ones(nbytes // 8)
+
+
+# ---- arrays NumPy makes inside a worker (the allocator hook) ---------------------------
+
+
+def _where(arr: np.ndarray) -> int:
+    from fastpool._native import _arena
+    from fastpool._runtime import _codec
+
+    return _arena.address_of(arr) - _codec._PROCESS_ARENA[0].base_address
+
+
+def make_with_where(n_bytes: int) -> tuple[Any, int]:
+    """A new array and where its bytes sit in the worker's arena region, in a tuple."""
+    x = np.full(n_bytes // 8, 2.0)
+    return x, _where(x)
+
+
+def double_where(arr: np.ndarray) -> tuple[np.ndarray, int]:
+    out = arr * 2
+    return out, _where(out)
+
+
+def double_view(arr: np.ndarray) -> tuple[np.ndarray, int]:
+    out = (arr * 2)[1::2]
+    return out, _where(out)
+
+
+def double_in_containers(arr: np.ndarray) -> dict[str, Any]:
+    a, b = arr * 2, arr * 3
+    return {"a": a, "items": [b[::2], "label"], "where": (_where(a), _where(b))}
+
+
+def double_twice(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    out = arr * 2
+    return out, out, _where(out)
+
+
+def double_and_keep(arr: np.ndarray) -> tuple[np.ndarray, int]:
+    out = arr * 2
+    KEPT.append(out)
+    return out, _where(out)
+
+
+def scale_kept(factor: float) -> float:
+    for a in KEPT:
+        a *= factor
+    return float(KEPT[-1][1])
+
+
+def drop_kept() -> int:
+    n = len(KEPT)
+    KEPT.clear()
+    return n
+
+
+def double_in_a_thread(arr: np.ndarray) -> np.ndarray:
+    box = []
+    t = threading.Thread(target=lambda: box.append(arr * 2))
+    t.start()
+    t.join()
+    return box[0]
+
+
+def temporaries(arr: np.ndarray) -> float:
+    """Large temporaries that are never returned: each must allocate, arena or not."""
+    return float(((arr * 2) + (arr * 3)).sum())
+
+
+def temporaries_of(n: int) -> float:
+    """temporaries() on an array made here, for arenas too small to send one."""
+    return temporaries(np.ones(n))
+
+
+def hook_stats() -> dict:
+    from fastpool._native import _alloc
+
+    return _alloc.stats()
+
+
+def fork_then_report(arr: np.ndarray) -> dict:
+    """A task that forks: the child allocates (the handler is inherited, the region is
+    not its own) and frees an inherited hook array, then the worker reports."""
+    from fastpool._native import _alloc, _arena
+    from fastpool._runtime import _codec
+
+    mine = arr * 2
+    start = _alloc.stats()["live"]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - reported through the pipe
+        try:
+            big = np.ones(4 << 20)
+            inside = _arena.address_of(big) - _codec._PROCESS_ARENA[0].base_address
+            region = _codec._PROCESS_ARENA[0]
+            lo = region.regions_offset + region.proc * region.region_bytes
+            del mine, big
+            os.write(w, b"0" if lo <= inside < lo + region.region_bytes else b"1")
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    ok = bool(mine[3] == 2 * arr[3])
+    return {
+        "child_used_malloc": got == b"1",
+        "live_before": start,
+        "live_after": _alloc.stats()["live"],
+        "intact": ok,
+    }

@@ -1,4 +1,8 @@
-"""Worker-side functions that damage their own worker, for tests/faults."""
+"""Worker-side functions that damage, kill or hang their own worker, for the fault tests.
+
+Each is a real failure, really provoked: a signal, a segfault, an exit, a hang, memory
+taken, a bad word written into shared memory.  Ordinary tasks are in _tasks.py.
+"""
 
 import ctypes
 import os
@@ -6,12 +10,15 @@ import signal
 import sys
 import time
 
+from _tasks import LIMIT_S, announce_then_gate, append_id, open_gate
+
 
 def segfault():
     ctypes.string_at(0)
 
 
-def sigkill_self():
+def sigkill_self(*_args):
+    """SIGKILLs its own worker; arguments are ignored (for map, or an array to hold)."""
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -29,24 +36,18 @@ def spin_forever():
         pass
 
 
-def sleep_then(x, s):
-    time.sleep(s)
-    return x
-
-
-def double(x):
-    return 2 * x
-
-
-def pid():
-    return os.getpid()
-
-
 def maybe_die(i, every):
     """Kills its own worker when i % every == 0, else returns i * i."""
     if i % every == 0:
-        os.kill(os.getpid(), signal.SIGKILL)
+        sigkill_self()
     return i * i
+
+
+def sigkill_at(x, at=2):
+    """x, except that the worker SIGKILLs itself at item ``at``."""
+    if x == at:
+        sigkill_self()
+    return x
 
 
 def die_once(marker_path):
@@ -54,19 +55,33 @@ def die_once(marker_path):
     if not os.path.exists(marker_path):
         with open(marker_path, "w"):
             pass
-        os.kill(os.getpid(), signal.SIGKILL)
+        sigkill_self()
     return "second try"
 
 
-def cooperative(seconds):
-    import fastpool
+_HELD: list = []
 
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if fastpool.cancelled():
-            return "stopped early"
-        time.sleep(0.01)
-    return "ran to the end"
+
+def hold_then_die(arr) -> None:
+    """Keeps a view of ``arr`` (this worker's reference stays until it dies), then dies."""
+    _HELD.append(arr[1:])
+    sigkill_self()
+
+
+def append_id_then_die(path, i, pad=None):
+    """Records its run like ``_tasks.append_id``, then SIGKILLs its own worker.  ``pad``
+    is ignored: it only makes the call's record as large as the caller wants."""
+    append_id(path, i)
+    sigkill_self()
+
+
+def announce_then_gate_then_die(started, path, limit_s=LIMIT_S):
+    """``_tasks.announce_then_gate``, then SIGKILLs its own worker once the gate opens."""
+    announce_then_gate(started, path, 0, limit_s)
+    sigkill_self()
+
+
+# ---- initializers that never give a working worker ------------------------------------
 
 
 def bad_initializer():
@@ -83,20 +98,15 @@ def counting_initializer(path):
     raise RuntimeError("initializer is broken")
 
 
-async def async_task(x):
-    import asyncio
+def gated_initializer(starts, path, limit_s=LIMIT_S):
+    """An initializer that records each start (its pid, one O_APPEND line in
+    ``starts``), then waits for ``path`` (at most limit_s): one that never returns
+    unless the test opens the gate."""
+    append_id(starts, os.getpid())
+    open_gate(path, limit_s)
 
-    await asyncio.sleep(0.01)
-    return x + 1
 
-
-async def async_failing_child():
-    import asyncio
-
-    async def child():
-        raise KeyError("from a child task")
-
-    await asyncio.gather(asyncio.create_task(child()))
+# ---- memory ---------------------------------------------------------------------------
 
 
 def allocate_mib(mib, hold_s=5.0):
@@ -121,8 +131,7 @@ def leak_mib(mib):
     return os.getpid()
 
 
-def pid_and(x):
-    return (os.getpid(), x)
+# ---- replies for tasks this worker never got ------------------------------------------
 
 
 def send_stale_reply(task_id):
@@ -134,16 +143,20 @@ def send_stale_reply(task_id):
     return board.push_result(slot, _codec.R_OK, task_id, 0, _codec.dumps("stale"))
 
 
-def touch(path):
-    """A side effect a test can see: the file exists only if this task ran."""
-    with open(path, "w") as f:
-        f.write("ran")
-    return path
+def unknown_array_reply(task_id, nbytes):
+    """Publishes, from inside a task, an OK reply with an arena array for a task id
+    this worker never got (the parent drops it as unknown, unread)."""
+    import numpy as np
+
+    from fastpool._runtime import _call, _codec
+
+    board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
+    return board.push_result(
+        slot, _codec.R_OK, task_id, 0, _codec.encode_result(np.ones(nbytes // 8))
+    )
 
 
-# ---- a task that damages the shared board: the parent must not trust it -------------
-
-_U64 = (0, 1, 7, 4096, (1 << 32) - 1, 1 << 32, (1 << 63), (1 << 64) - 1, (1 << 64) - 4096)
+# ---- a task that damages shared memory: the parent must not trust it ------------------
 
 
 def scribble(target, value, hold_s=0.0):
@@ -157,8 +170,6 @@ def scribble(target, value, hold_s=0.0):
     value is a 64-bit pattern.  hold_s: then wait that long (the parent should kill
     this worker first), so the worker's own next publication cannot repair the damage
     before the parent reads it.  Returns the target's name."""
-    import ctypes
-
     from fastpool._runtime import _call
 
     board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
@@ -208,139 +219,13 @@ def scribble(target, value, hold_s=0.0):
     return target
 
 
-# ---- side effects a test can count (issue 9: no task runs twice) ---------------------
-
-
-def append_id(path, i):
-    """Appends ``i`` and a newline to ``path`` in one O_APPEND write (atomic between
-    processes for a line this short), then returns i: each run of the task leaves one
-    line, so a task run twice shows up twice."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{i}\n".encode())
-    finally:
-        os.close(fd)
-    return i
-
-
-def append_id_then_die(path, i, pad=None):
-    """Records its run like ``append_id``, then SIGKILLs its own worker.  ``pad``
-    is ignored: it only makes the call's record as large as the caller wants."""
-    append_id(path, i)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def appended_ids(path):
-    """The ids ``append_id`` wrote to ``path``, in write order ([] before the first)."""
-    try:
-        with open(path) as f:
-            return [int(line) for line in f.read().split()]
-    except FileNotFoundError:
-        return []
-
-
-def append_id_padded(path, i, pad):
-    """``append_id``, returning [i, pad]: records as large as the caller wants on
-    both rings (see test_deaths_under_load: a ring that emptied at a small offset
-    holds one record until its reader catches up)."""
-    append_id(path, i)
-    return [i, pad]
-
-
-def announce_then_gate(started, path, nbytes=0, limit_s=30.0):
-    """Creates ``started`` (the task is running: its record has left the task ring),
-    then holds its worker until ``path`` exists (at most limit_s); returns
-    ``"p" * nbytes``, a result as large as asked for from a small call."""
-    with open(started, "w"):
-        pass
-    deadline = time.monotonic() + limit_s
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {path} was never opened")
-        time.sleep(0.002)
-    return "p" * nbytes
-
-
-def announce_then_gate_then_die(started, path, limit_s=30.0):
-    """``announce_then_gate``, then SIGKILLs its own worker once the gate opens."""
-    announce_then_gate(started, path, 0, limit_s)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def gated_initializer(starts, path, limit_s=30.0):
-    """An initializer that records each start (its pid, one O_APPEND line in
-    ``starts``), then waits for ``path`` (at most limit_s): one that never returns
-    unless the test opens the gate."""
-    append_id(starts, os.getpid())
-    deadline = time.monotonic() + limit_s
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {path} was never opened")
-        time.sleep(0.002)
-
-
-# ---- results nobody decodes: their shared blocks must still be released ---------------
-
-
-def cooperative_array(started, nbytes, limit_s=30.0):
-    """Creates ``started``, waits until fastpool.cancelled() (at most limit_s), then
-    returns an array of nbytes: large enough to travel in the worker's arena region
-    with a handoff reference, for a future that is cancelled and never reads it."""
+def scribble_arena_top():
+    """Overwrites this worker's arena region top with a wrapping value (as a stray
+    write from a C extension could), then returns an array that needs that region."""
     import numpy as np
 
-    import fastpool
+    from fastpool._runtime import _codec
 
-    with open(started, "w"):
-        pass
-    deadline = time.monotonic() + limit_s
-    while not fastpool.cancelled() and time.monotonic() < deadline:
-        time.sleep(0.002)
-    return np.ones(nbytes // 8)
-
-
-def array_with_a_big_pickle(nbytes, nitems):
-    """An array that travels by descriptor (a block handed to the parent) beside a
-    list whose pickle is too big for a small ring: the result never fits."""
-    import numpy as np
-
-    return np.ones(nbytes // 8), list(range(nitems))
-
-
-def unknown_array_reply(task_id, nbytes):
-    """Publishes, from inside a task, an OK reply with an arena array for a task id
-    this worker never got (the parent drops it as unknown, unread)."""
-    import numpy as np
-
-    from fastpool._runtime import _call, _codec
-
-    board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
-    return board.push_result(
-        slot, _codec.R_OK, task_id, 0, _codec.encode_result(np.ones(nbytes // 8))
-    )
-
-
-def unrebuildable_then_array(nbytes):
-    """A result that pickles in the worker but fails to unpickle in the parent
-    (TwoArgError cannot be rebuilt) before it reaches the array after it."""
-    import numpy as np
-    from _tasks import TwoArgError
-
-    return TwoArgError("cannot come back", 7), np.ones(nbytes // 8)
-
-
-def gate_or_expire(path, expired, limit_s):
-    """Holds its worker until ``path`` exists; after limit_s it creates ``expired``
-    and returns: the file says a task ran to its end rather than being stopped."""
-    deadline = time.monotonic() + limit_s
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            with open(expired, "w"):
-                pass
-            return "expired"
-        time.sleep(0.005)
-    return "opened"
-
-
-def nbytes_of(data):
-    """len(data), and a bytes result of that length back: a record of that size each way."""
-    return bytes(len(data))
+    arena = _codec._PROCESS_ARENA[0]
+    ctypes.c_uint64.from_address(arena.base_address + 128 + 8 * arena.proc).value = 2**64 - 4096
+    return np.ones(1 << 18)

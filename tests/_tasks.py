@@ -1,4 +1,7 @@
-"""Functions that run inside workers, importable by name under every start method.
+"""Ordinary functions that run inside workers, importable by name under every start method.
+
+Tasks that damage, kill or hang their own worker are in _faulty.py; tasks about
+arrays (zero copy, the workers' NumPy hook) in _arrays.py.
 
 Everything here lives at module level so a worker (fastpool's or ProcessPoolExecutor's,
 fork, forkserver or spawn) unpickles it by reference: ``pythonpath = ["tests"]`` puts
@@ -8,18 +11,32 @@ this directory on ``sys.path`` and the workers inherit it.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from typing import Any
+
+# numpy and logging are imported where used: a worker imports this module on its first
+# task, and some tests race that task against others.
+
+# How long a task waits for the test's signal before it gives up, so a failed test
+# never strands a worker.
+LIMIT_S = 30.0
 
 
 def double(x: Any) -> Any:
     return x * 2
 
 
-def add(a: Any, b: Any) -> Any:
+def add(a: Any, b: Any = 0) -> Any:
     return a + b
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def sum_of(*args: Any) -> Any:
+    return sum(args)
 
 
 def noop(*args: Any, **kwargs: Any) -> None:
@@ -30,17 +47,23 @@ def identity(x: Any) -> Any:
     return x
 
 
-def pid() -> int:
+def pid(_: Any = None) -> int:
+    """This worker's pid; the argument, if any, is ignored (for map)."""
     return os.getpid()
+
+
+def pid_and(x: Any) -> tuple[int, Any]:
+    return (os.getpid(), x)
+
+
+def where() -> tuple[int, int]:
+    """(pid, thread id) of the caller: which process and thread ran the task."""
+    return os.getpid(), threading.get_ident()
 
 
 def sleep_then(x: Any, s: float) -> Any:
     time.sleep(s)
     return x
-
-
-def sigkill_self() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def raise_value_error(msg: str) -> None:
@@ -60,22 +83,42 @@ def fail_at(x: int, bad: int) -> int:
     return x * 2
 
 
-def gate(path: str, value: Any = None, limit_s: float = 30.0) -> tuple[Any, float]:
+def wait_for_file(path: str, limit_s: float = LIMIT_S) -> bool:
+    """Polls (in the worker) until ``path`` exists; False once ``limit_s`` passes, so a
+    failed test never strands a worker.  The test creates the file: a gate it opens."""
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def open_gate(path: str, limit_s: float = LIMIT_S) -> None:
+    """``wait_for_file``, raising TimeoutError if the gate was never opened."""
+    if not wait_for_file(path, limit_s):
+        raise TimeoutError(f"gate {path} was never opened")
+
+
+def touch(path: str) -> str:
+    """A side effect a test can see: the file exists only if this task ran."""
+    with open(path, "w") as f:
+        f.write("ran")
+    return path
+
+
+def gate(path: str, value: Any = None, limit_s: float = LIMIT_S) -> tuple[Any, float]:
     """Holds its worker until ``path`` exists (or ``limit_s`` passes, so a failed
     test never strands a worker); returns (value, CLOCK_MONOTONIC at release).
 
     A file, not a sleep: the test decides when the task ends, so "still running"
     and "finished before X" are facts rather than timing guesses.  The monotonic
     clock is system-wide on Linux, so the parent can compare the stamp."""
-    deadline = time.monotonic() + limit_s
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {path} was never opened")
-        time.sleep(0.005)
+    open_gate(path, limit_s)
     return value, time.monotonic()
 
 
-def meet(directory: str, n: int, limit_s: float = 30.0) -> int:
+def meet(directory: str, n: int, limit_s: float = LIMIT_S) -> int:
     """A barrier across workers: registers this process in ``directory`` and holds
     it until ``n`` distinct processes have registered; returns this pid.
 
@@ -96,6 +139,138 @@ def touch_then_sleep(path: str, value: Any, s: float) -> Any:
     open(path, "w").close()
     time.sleep(s)
     return value
+
+
+# ---- tasks held on a gate the test opens --------------------------------------------
+
+
+def announce_then_gate(started: str, path: str, nbytes: int = 0, limit_s: float = LIMIT_S) -> str:
+    """Creates ``started`` (the task is running: its record has left the task ring),
+    then holds its worker until ``path`` exists (at most limit_s); returns
+    ``"p" * nbytes``, a result as large as asked for from a small call."""
+    touch(started)
+    open_gate(path, limit_s)
+    return "p" * nbytes
+
+
+def gated(value: Any, started: str, path: str) -> Any:
+    """Touches ``started``, waits for the gate ``path``, returns value."""
+    touch(started)
+    open_gate(path)
+    return value
+
+
+def gated_pid(path: str) -> int:
+    open_gate(path)
+    return os.getpid()
+
+
+def held_first(x: int, path: str) -> int:
+    """x * 2; item 0 waits for the gate ``path`` first (an ordered map's head chunk held)."""
+    if x == 0:
+        open_gate(path)
+    return x * 2
+
+
+def first_free(x: int, path: str) -> int:
+    """x * 2 at once for item 0; every other item waits for the gate ``path`` first."""
+    if x != 0:
+        open_gate(path)
+    return x * 2
+
+
+def gate_or_expire(path: str, expired: str, limit_s: float) -> str:
+    """Holds its worker until ``path`` exists; after limit_s it creates ``expired``
+    and returns: the file says a task ran to its end rather than being stopped."""
+    if wait_for_file(path, limit_s):
+        return "opened"
+    touch(expired)
+    return "expired"
+
+
+def cooperative(seconds: float, started: str | None = None) -> str:
+    """Touches ``started`` (if given), then runs for ``seconds`` unless
+    fastpool.cancelled() says stop first."""
+    import fastpool
+
+    if started is not None:
+        touch(started)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if fastpool.cancelled():
+            return "stopped early"
+        time.sleep(0.005)
+    return "ran to the end"
+
+
+# ---- side effects a test can count (issue 9: no task runs twice) ---------------------
+
+
+def append_id(path: str, i: int) -> int:
+    """Appends ``i`` and a newline to ``path`` in one O_APPEND write (atomic between
+    processes for a line this short), then returns i: each run of the task leaves one
+    line, so a task run twice shows up twice."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{i}\n".encode())
+    finally:
+        os.close(fd)
+    return i
+
+
+def appended_ids(path: str) -> list[int]:
+    """The ids ``append_id`` wrote to ``path``, in write order ([] before the first)."""
+    try:
+        with open(path) as f:
+            return [int(line) for line in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def append_id_padded(path: str, i: int, pad: Any) -> list:
+    """``append_id``, returning [i, pad]: records as large as the caller wants on
+    both rings (see test_deaths_under_load: a ring that emptied at a small offset
+    holds one record until its reader catches up)."""
+    append_id(path, i)
+    return [i, pad]
+
+
+def nbytes_of(data: bytes) -> bytes:
+    """len(data), and a bytes result of that length back: a record of that size each way."""
+    return bytes(len(data))
+
+
+# ---- state a worker keeps between tasks ----------------------------------------------
+
+_STATE: list[Any] = ["unset"]
+
+
+def set_state(value: Any) -> None:
+    """An initializer: what get_state returns in this worker."""
+    _STATE[0] = value
+
+
+def get_state(_: Any = None) -> Any:
+    return _STATE[0]
+
+
+# ---- coroutines ----------------------------------------------------------------------
+
+
+async def async_task(x: int) -> int:
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return x + 1
+
+
+async def async_failing_child() -> None:
+    import asyncio
+
+    async def child() -> None:
+        raise KeyError("from a child task")
+
+    await asyncio.gather(asyncio.create_task(child()))
 
 
 # ---- results and exceptions that cannot cross back ---------------------------------
@@ -122,6 +297,18 @@ class TwoArgError(Exception):
     def __init__(self, msg: str, code: int) -> None:
         super().__init__(f"{msg} (code {code})")
         self.code = code
+
+
+class CustomError(Exception):
+    """An exception of the test's own type, with arguments: it must come back as itself."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(code, why)
+        self.code = code
+
+
+def raise_custom(code: int) -> None:
+    raise CustomError(code, "raised on purpose")
 
 
 def raise_unpicklable_exception(msg: str, kind: str = "lock") -> None:
@@ -177,15 +364,66 @@ def submit_from_callback(executor: Any, n: int, out: list, errors: list) -> Any:
     return callback
 
 
-def scribble_arena_top() -> Any:
-    """Overwrites this worker's arena region top with a wrapping value (as a stray
-    write from a C extension could), then returns an array that needs that region."""
-    import ctypes
+# ---- logging and BLAS inside a worker (the template tests) ---------------------------
 
+
+def log_lines(n: int, width: int = 200) -> int:
+    """Logs n lines through whatever handlers the root logger has in this worker."""
+    import logging
+
+    log = logging.getLogger("fastpool-test.task")
+    for i in range(n):
+        log.info("%d %s", i, "x" * width)
+    return os.getpid()
+
+
+def root_handler_count() -> int:
+    import logging
+
+    return len(logging.getLogger().handlers)
+
+
+def blas_matmul(n: int) -> float:
     import numpy as np
 
-    from fastpool._runtime import _codec
+    a = np.ones((n, n))
+    return float((a @ a)[0, 0])
 
-    arena = _codec._PROCESS_ARENA[0]
-    ctypes.c_uint64.from_address(arena.base_address + 128 + 8 * arena.proc).value = 2**64 - 4096
-    return np.ones(1 << 18)
+
+# ---- objectives and likelihoods that SciPy and emcee run in workers ------------------
+
+
+def rosen(x: Any) -> float:
+    """The Rosenbrock function, with an ill-conditioned valley: the optimisers' usual test."""
+    import numpy as np
+
+    x = np.asarray(x)
+    return float(np.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2))
+
+
+def bumps(x: Any, scale: float = 1.0) -> float:
+    """Several local minima, for brute force on a grid."""
+    import numpy as np
+
+    x = np.asarray(x)
+    return float(scale * np.sum(np.sin(3 * x) + 0.1 * x**2))
+
+
+def vector_integrand(t: float) -> Any:
+    """A vector-valued integrand for quad_vec: t**k for k = 0..4."""
+    import numpy as np
+
+    return t ** np.arange(5)
+
+
+def log_prob_gauss(theta: Any, ivar: Any) -> float:
+    """log-density of an axis-aligned Gaussian with inverse variances ivar."""
+    import numpy as np
+
+    return float(-0.5 * np.sum(ivar * np.asarray(theta) ** 2))
+
+
+def fails_below_zero(x: Any) -> float:
+    if x[0] < 0:
+        raise ValueError(f"negative input {x[0]}")
+    return float(x[0])

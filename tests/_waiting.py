@@ -10,7 +10,7 @@ beyond any plausible delay passes.
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Generator, TypeVar
 
 import psutil
 
@@ -24,14 +24,47 @@ def wait_for(
     predicate: Callable[[], T],
     timeout: float = DEADLINE_S,
     what: str | Callable[[], str] = "a condition",
+    poll_s: float = POLL_S,
 ) -> T:
     """Call ``predicate`` until it returns something truthy, and return that.
 
     Fails the test with AssertionError naming ``what`` (a string, or a callable
     called only then, to report state such as ``pool.stats()``) once ``timeout``
     seconds pass.  The predicate runs once more at the deadline, so a slow
-    machine that gets there just in time still passes.
+    machine that gets there just in time still passes.  ``poll_s``: the pause
+    between calls, longer for a predicate that is costly to evaluate.
     """
+    polls = _polls(predicate, timeout, what)
+    try:
+        while True:
+            next(polls)
+            time.sleep(poll_s)
+    except StopIteration as done:
+        return done.value
+
+
+async def until(
+    predicate: Callable[[], T],
+    what: str | Callable[[], str] = "a condition",
+    timeout: float = DEADLINE_S,
+) -> T:
+    """``wait_for`` inside a coroutine: polls without blocking the event loop."""
+    import asyncio
+
+    polls = _polls(predicate, timeout, what)
+    try:
+        while True:
+            next(polls)
+            await asyncio.sleep(POLL_S)
+    except StopIteration as done:
+        return done.value
+
+
+def _polls(
+    predicate: Callable[[], T], timeout: float, what: str | Callable[[], str]
+) -> Generator[None, None, T]:
+    """The one polling loop: yields while the caller should pause, returns the
+    predicate's truthy value, or raises AssertionError at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -43,7 +76,7 @@ def wait_for(
                 return value
             detail = what() if callable(what) else what
             raise AssertionError(f"gave up after {timeout:g} s waiting for {detail}")
-        time.sleep(POLL_S)
+        yield
 
 
 def running(pid: int) -> bool:

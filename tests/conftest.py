@@ -25,13 +25,13 @@ import re
 import signal
 import sys
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
 import psutil
 import pytest
+from _waiting import wait_for
 
 import fastpool
 from fastpool._runtime import _template
@@ -275,22 +275,26 @@ def _leak_check(request: pytest.FixtureRequest) -> Iterator[None]:
     # Whatever the test started, at any depth: fastpool workers (replacements
     # included), ProcessPoolExecutor workers, a second template.  All must be
     # gone LEAK_GRACE_S after the pools were shut down.
-    deadline = time.monotonic() + LEAK_GRACE_S
-    while True:
+    left: dict[str, Any] = {}
+
+    def nothing_left() -> bool:
         gc.collect()  # executors dropped by the test release their queues and pipes
-        procs = _alive(_descendants() - procs0 - _helpers_pids())
-        new_fds = _new_fds(fds0, _fds_but_helpers())
+        left["procs"] = _alive(_descendants() - procs0 - _helpers_pids())
+        left["new_fds"] = _new_fds(fds0, _fds_but_helpers())
         shm = _shm() - shm0
         if shm:
             shm -= _foreign_shm(shm)
+        left["shm"] = shm
         # Zero tolerance: every fd a pool opens (board memfd, template socket,
         # wake pipe, epoll, pidfds) is closed by shutdown, and the helpers' fds
         # were opened before the baseline.
-        if not procs and not new_fds and not shm:
-            return
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
+        return not any(left.values())
+
+    try:
+        wait_for(nothing_left, LEAK_GRACE_S, poll_s=0.05)
+        return
+    except AssertionError:
+        procs, new_fds, shm = left["procs"], left["new_fds"], left["shm"]
     problems = []
     if procs:
         problems.append(

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 import psutil
-import pytest
 
 TAG_VAR = "FASTPOOL_DASK_TEST_TAG"
 LEAK_GRACE_S = 10.0
@@ -36,17 +34,3 @@ def describe(procs: list[psutil.Process]) -> str:
 
 def worker_addresses(client: Any) -> list[str]:
     return sorted(client.scheduler_info()["workers"])
-
-
-def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Waits for a cluster state that no event announces (a nanny restarting a worker).
-
-    Polls cond every 20 ms; fails the test naming `what` after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)

@@ -1,4 +1,5 @@
-"""Functions the Dask tests run in fastpool children (and a few in Dask workers).
+"""Functions only the Dask tests run, in fastpool children (and a few in Dask workers);
+the ordinary ones (double, identity, ...) come from tests/_tasks.py and _faulty.py.
 
 Importable by name everywhere: tests/dask/conftest.py puts this directory on
 sys.path before the cluster starts, and Dask workers and fastpool templates inherit
@@ -23,27 +24,15 @@ def where() -> dict:
     return {"pid": os.getpid(), "template": parent.pid, "dask_worker": parent.ppid()}
 
 
-def double(x: int) -> int:
-    return 2 * x
-
-
 def fail_on(x: int, bad: int) -> int:
     if x == bad:
         raise ValueError(f"item {x} is bad")
     return x
 
 
-def raise_value_error(msg: str) -> None:
-    raise ValueError(msg)
-
-
 def signal_started(path: str) -> None:
     with open(path, "wb") as f:
         f.write(b"1")
-
-
-def sigkill_self() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def note_pid_then_sigkill(log_path: str) -> None:
@@ -83,10 +72,6 @@ def describe(arr: np.ndarray) -> tuple:
     """What a task sees of an array argument: checksum, writeable (a read-only shared
     copy arrives read-only; a pickled copy would not), and its own pid."""
     return float(arr[::4096].sum()), bool(arr.flags.writeable), arr.nbytes, os.getpid()
-
-
-def noop(x: int) -> int:
-    return x
 
 
 def nothing() -> None:

@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures as cf
 import itertools
 
+import _tasks
 import pytest
 
 distributed = pytest.importorskip(
@@ -24,13 +25,13 @@ pytestmark = pytest.mark.dask
 
 
 def test_round_trip(executor):
-    fut = executor.submit(tasks.double, 21)
+    fut = executor.submit(_tasks.double, 21)
     assert isinstance(fut, cf.Future)
     assert fut.result(timeout=30) == 42
 
 
 def test_a_tasks_exception_arrives_as_itself_with_the_remote_traceback(executor):
-    fut = executor.submit(tasks.raise_value_error, "no good")
+    fut = executor.submit(_tasks.raise_value_error, "no good")
     exc = fut.exception(timeout=30)
     assert type(exc) is ValueError and str(exc) == "no good"
     cause = exc.__cause__
@@ -67,7 +68,7 @@ def test_map_is_lazy_and_never_queues_more_than_its_window(dask_client):
 
     chunk = 1000
     out = []
-    for i, r in enumerate(ex.map(tasks.double, items(), chunksize=chunk)):
+    for i, r in enumerate(ex.map(_tasks.double, items(), chunksize=chunk)):
         # ahead of the consumer by at most the window's chunks (plus the one yielding now)
         assert taken[0] - i <= (4 + 1) * chunk
         out.append(r)
@@ -77,7 +78,7 @@ def test_map_is_lazy_and_never_queues_more_than_its_window(dask_client):
 
 
 def test_map_adapts_its_chunks_to_an_input_without_length(executor):
-    assert list(executor.map(tasks.double, (i for i in range(5000)))) == [
+    assert list(executor.map(_tasks.double, (i for i in range(5000)))) == [
         2 * i for i in range(5000)
     ]
 
@@ -105,7 +106,7 @@ def test_a_map_timeout_raises_and_cancels_the_chunk_it_waited_for(executor, fifo
 
 
 def test_imap_unordered_returns_every_result(executor):
-    assert sorted(executor.imap_unordered(tasks.double, range(1000), chunksize=50)) == [
+    assert sorted(executor.imap_unordered(_tasks.double, range(1000), chunksize=50)) == [
         2 * i for i in range(1000)
     ]
 
@@ -121,15 +122,15 @@ def test_work_reaches_both_dask_workers(dask_client):
 
 
 def test_futures_work_with_as_completed_wait_and_asyncio(executor):
-    futs = [executor.submit(tasks.double, i) for i in range(10)]
+    futs = [executor.submit(_tasks.double, i) for i in range(10)]
     assert sorted(f.result() for f in cf.as_completed(futs, timeout=30)) == [
         2 * i for i in range(10)
     ]
-    done, not_done = cf.wait([executor.submit(tasks.double, 1)], timeout=30)
+    done, not_done = cf.wait([executor.submit(_tasks.double, 1)], timeout=30)
     assert len(done) == 1 and not not_done
 
     async def main():
-        return await asyncio.wrap_future(executor.submit(tasks.double, 5))
+        return await asyncio.wrap_future(executor.submit(_tasks.double, 5))
 
     assert asyncio.run(main()) == 10
 
@@ -142,13 +143,13 @@ def test_calls_are_never_merged_even_when_equal(executor):
 
 def test_task_options_travel_to_the_pool(executor):
     # @fastpool.task options ride on the function itself, through Dask and into the pool
-    limited = fastpool.task(timeout=30)(tasks.double)
+    limited = fastpool.task(timeout=30)(_tasks.double)
     assert executor.submit(limited, 4).result(timeout=30) == 8
 
 
 def test_a_callers_annotations_cannot_send_the_task_body_into_a_pool(executor):
     with dask.annotate(executor="fastpool", retries=5):
-        assert executor.submit(tasks.double, 3).result(timeout=30) == 6
+        assert executor.submit(_tasks.double, 3).result(timeout=30) == 6
 
 
 def test_shutdown_cancels_queued_calls_and_lets_running_ones_finish(dask_client, fifo):
@@ -161,10 +162,10 @@ def test_shutdown_cancels_queued_calls_and_lets_running_ones_finish(dask_client,
         with dask.annotate(workers=[addr]):
             running.append(ex.submit(tasks.block_until, started[i].path, go[i].path))
     assert all(s.wait(30) for s in started), "the blocking tasks never started"
-    queued = [ex.submit(tasks.double, i) for i in range(6)]
+    queued = [ex.submit(_tasks.double, i) for i in range(6)]
     ex.shutdown(wait=False, cancel_futures=True)
     with pytest.raises(PoolClosed):
-        ex.submit(tasks.double, 1)
+        ex.submit(_tasks.double, 1)
     assert all(f.cancelled() for f in queued)
     for g in go:
         with open(g.path, "wb") as f:
@@ -179,7 +180,7 @@ def test_cancelling_a_future_cancels_its_dask_task(executor, dask_client, fifo):
     with dask.annotate(workers=[addr]):
         blocker = executor.submit(tasks.block_until, started.path, go.path)
         assert started.wait(30)
-        queued = executor.submit(tasks.double, 1)
+        queued = executor.submit(_tasks.double, 1)
     assert queued.cancel() and queued.cancelled()
     with open(go.path, "wb") as f:
         f.write(b"1")
@@ -202,7 +203,7 @@ def test_bad_input_gets_clear_errors(executor, dask_client):
     with pytest.raises(TypeError, match="NumPy array"):
         executor.scatter([1, 2, 3])
     with pytest.raises(ValueError, match="chunksize"):
-        executor.map(tasks.double, range(3), chunksize=0)
+        executor.map(_tasks.double, range(3), chunksize=0)
 
 
 def test_a_plugin_with_other_settings_or_none_at_all_is_an_error_not_a_surprise(
@@ -218,7 +219,7 @@ def test_a_plugin_with_other_settings_or_none_at_all_is_an_error_not_a_surprise(
 def test_shutdown_from_a_done_callback_does_not_wait_on_itself(dask_client):
     ex = fpd.Executor(dask_client, install=False)
     called = []
-    fut = ex.submit(tasks.double, 2)
+    fut = ex.submit(_tasks.double, 2)
     fut.add_done_callback(lambda f: (ex.shutdown(wait=True), called.append(f.result())))
     assert fut.result(timeout=30) == 4
     ex._settler.join(30)  # the settler runs the callback, then exits: nothing is outstanding
@@ -226,7 +227,7 @@ def test_shutdown_from_a_done_callback_does_not_wait_on_itself(dask_client):
 
 
 def test_stats_report_each_workers_pool(executor):
-    executor.submit(tasks.double, 1).result(timeout=30)
+    executor.submit(_tasks.double, 1).result(timeout=30)
     st = executor.stats()
     assert st["submitted"] >= 1 and st["completed"] >= 1
     assert len(st["workers"]) == 2

@@ -8,8 +8,11 @@ from __future__ import annotations
 import os
 import signal
 
+import _faulty
+import _tasks
 import psutil
 import pytest
+from _waiting import wait_for
 
 distributed = pytest.importorskip(
     "distributed", reason="the Dask tests need the dask extra: pip install -e '.[dask]'"
@@ -17,7 +20,7 @@ distributed = pytest.importorskip(
 
 import _dask_tasks as tasks  # noqa: E402
 import dask  # noqa: E402
-from _dask_support import TAG_VAR, tagged_processes, wait_until, worker_addresses  # noqa: E402
+from _dask_support import TAG_VAR, tagged_processes, worker_addresses  # noqa: E402
 
 import fastpool.dask as fpd  # noqa: E402
 from fastpool.errors import PoisonTask, TaskTimeout, WorkerCrashed, WorkerMemoryError  # noqa: E402
@@ -37,7 +40,7 @@ def test_a_sigkilled_child_fails_one_task_and_the_dask_worker_lives_on(executor,
     addr = worker_addresses(dask_client)[0]
     before = _worker_pids(dask_client)[addr]
     with dask.annotate(workers=[addr]):
-        doomed = executor.submit(tasks.sigkill_self)
+        doomed = executor.submit(_faulty.sigkill_self)
         exc = doomed.exception(timeout=60)
         assert type(exc) is WorkerCrashed and exc.signal_name == "SIGKILL"
         assert isinstance(exc.__cause__, fpd.DaskRemoteTraceback)
@@ -73,7 +76,7 @@ def test_a_task_over_memory_limit_fails_with_worker_memory_error(dask_client):
         exc = ex.submit(tasks.hog_memory, 2 << 30).exception(timeout=60)
         assert isinstance(exc, WorkerMemoryError) and exc.reason == "memory-limit"
         assert exc.limit_bytes == 256 << 20
-        assert ex.submit(tasks.double, 2).result(timeout=60) == 4  # the pool replaced its child
+        assert ex.submit(_tasks.double, 2).result(timeout=60) == 4  # the pool replaced its child
     finally:
         ex.shutdown()
         dask_client.unregister_worker_plugin("fastpool-mem")
@@ -104,7 +107,7 @@ def test_a_sigkilled_dask_worker_leaves_no_fastpool_process_and_its_replacement_
     # Both pools serve one task first, so their children exist before the kill.
     for addr in worker_addresses(dask_client):
         with dask.annotate(workers=[addr]):
-            executor.submit(tasks.double, 1).result(timeout=60)
+            executor.submit(_tasks.double, 1).result(timeout=60)
     victim_addr = worker_addresses(dask_client)[0]
     victim = dask_client.run(tasks.fastpool_pids, "fastpool", workers=[victim_addr])[victim_addr]
     assert victim["children"], "the victim's pool has no child to orphan"
@@ -115,7 +118,7 @@ def test_a_sigkilled_dask_worker_leaves_no_fastpool_process_and_its_replacement_
     _gone, alive = psutil.wait_procs(doomed, timeout=10)
     assert not alive, f"fastpool processes outlived their Dask worker: {alive}"
 
-    wait_until(
+    wait_for(
         lambda: (
             len(worker_addresses(dask_client)) == 2
             and victim_addr not in worker_addresses(dask_client)

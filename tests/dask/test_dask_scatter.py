@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+import _tasks
 import numpy as np
 import pytest
 
@@ -98,7 +99,7 @@ def test_a_handle_hidden_in_another_object_is_refused(executor):
                 self.h = h
 
         with pytest.raises(SerializationError, match="ScatteredArray can be passed"):
-            executor.submit(tasks.noop, Box(handle))
+            executor.submit(_tasks.identity, Box(handle))
     finally:
         handle.release()
 

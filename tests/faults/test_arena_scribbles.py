@@ -1,12 +1,15 @@
-"""A second process that maps the arena (as every worker does) writes garbage
-over its headers; the parent's arena calls report it and never hang or crash.
+"""A process that writes into the arena, as every worker can, never hangs or crashes
+the parent; the board's own damage is tests/faults/test_board_scribbles.py.
 
-The child is a real process: a fresh interpreter that attaches the arena by
-the fd it inherits, as a worker does, allocates "results" in its own region,
-then overwrites header words of every region through ctypes with values a
-stray write produces (zero, one, huge, wrapping, random odd) and exits.  The
-parent then runs every arena call it has.  (The pool-level part, failing that
-worker's tasks and replacing it, is the supervisor's; see the xfail below.)
+The arena is a different room from the board, with different defences: the parent
+walks each region's block headers, reports a damaged region (SegmentCorrupt,
+RegionCorrupt) and resets it, and maps a read-only array read-only in the process
+that receives it.  The scribbler is a real process: a fresh interpreter that
+attaches the arena by the fd it inherits, as a worker does, allocates "results" in
+its own region, then overwrites header words of every region through ctypes with
+values a stray write produces (zero, one, huge, wrapping, random odd) and exits;
+the parent then runs every arena call it has.  At pool level, a task that damages
+its own region costs that worker, and the pool goes on.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import random
 import subprocess
 import sys
 
+import _faulty
 import _tasks
 import numpy as np
 import pytest
@@ -59,17 +63,17 @@ headers = [b.off for b in mine] + parent_blocks
 for _ in range(rng.randrange(1, 6)):
     what = rng.randrange(5)
     if what == 0:
-        put64(128 + 8 * rng.randrange(a.nprocs), garbage(0))              # a region's top
+        put64(128 + 8 * rng.randrange(a.nprocs), garbage(0))             # a region's top
     else:
         h = rng.choice(headers)
         if what == 1:
-            put64(h + 8, garbage(h))                                      # a block's size
+            put64(h + 8, garbage(h))                                     # a block's size
         elif what == 2:
-            put64(h, garbage(h))                                          # its magic
+            put64(h, garbage(h))                                         # its magic
         elif what == 3:
-            put64(h + 16, garbage(h))                                     # its generation
-        else:
-            put32(h + 32 + 4 * rng.randrange(a.nprocs), garbage(h) | 1)   # a count: garbage, not zero
+            put64(h + 16, garbage(h))                                    # its generation
+        else:  # a count: garbage, not zero
+            put32(h + 32 + 4 * rng.randrange(a.nprocs), garbage(h) | 1)
 """
 
 
@@ -189,7 +193,8 @@ WRITER = r"""
 import ctypes, sys
 from fastpool._native import _arena
 a = _arena.Arena.attach(int(sys.argv[1]), 1)
-arr = _arena.rebuild(a.token, int(sys.argv[2]), int(sys.argv[3]), 0, "f8", (1000,), (8,), sys.argv[4] == "ro", -1)
+off, gen, readonly = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "ro"
+arr = _arena.rebuild(a.token, off, gen, 0, "f8", (1000,), (8,), readonly, -1)
 print("mapped", flush=True)
 ctypes.memset(arr.ctypes.data, 0x7f, 8000)
 print("wrote", flush=True)
@@ -225,7 +230,7 @@ def test_a_task_that_scribbles_the_arena_costs_its_worker_and_the_pool_goes_on()
     with make_pool(1, backoff_base_s=0.01) as p:
         held = p.share(np.arange(1000.0))
         with pytest.raises(errors.SegmentCorrupt, match="region 1"):
-            p.submit(_tasks.scribble_arena_top).result(timeout=RESULT_S)
+            p.submit(_faulty.scribble_arena_top).result(timeout=RESULT_S)
         out = p.submit(_tasks.double, np.ones(1 << 18)).result(
             timeout=RESULT_S
         )  # a result in the arena

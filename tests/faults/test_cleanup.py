@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import _faulty
+import _tasks
 import psutil
 import pytest
 from _waiting import wait_for, wait_gone
@@ -45,13 +46,13 @@ def _template_children() -> set[int]:
 
 def test_fifty_create_use_close_cycles_leave_nothing():
     with fastpool.Pool(1) as p:  # the template exists before the baseline
-        p.submit(_faulty.double, 1).result(timeout=30)
+        p.submit(_tasks.double, 1).result(timeout=30)
     fds, shm = _fds(), _fastpool_shm()
     for i in range(50):
         with fastpool.Pool(2) as p:
             arr = p.zeros(1000)
-            assert p.submit(_faulty.double, i).result(timeout=30) == 2 * i
-            assert list(p.map(_faulty.double, range(5))) == [0, 2, 4, 6, 8]
+            assert p.submit(_tasks.double, i).result(timeout=30) == 2 * i
+            assert list(p.map(_tasks.double, range(5))) == [0, 2, 4, 6, 8]
             del arr
     wait_for(lambda: not _template_children(), 10, "every worker to exit")  # no worker left
     assert _fds() == fds  # no fd left: boards, arenas, pidfds, sockets, pipes
@@ -64,7 +65,7 @@ def test_crashed_workers_leave_nothing_after_shutdown():
         for die in (_faulty.sigkill_self, _faulty.segfault, _faulty.hard_exit):
             with pytest.raises(fastpool.WorkerCrashed):
                 p.submit(die).result(timeout=30)
-        assert p.submit(_faulty.double, 2).result(timeout=30) == 4
+        assert p.submit(_tasks.double, 2).result(timeout=30) == 4
     wait_for(lambda: not _template_children(), 10, "every worker to exit")
     assert _fds() == fds
 
@@ -72,16 +73,18 @@ def test_crashed_workers_leave_nothing_after_shutdown():
 _PARENT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
-    import fastpool, _faulty
+    import fastpool, _tasks
+    from _waiting import wait_for
     from fastpool._runtime import _template
     if __name__ == "__main__":
         p = fastpool.Pool(2)
         keep = p.zeros(10**6)
-        futs = [p.submit(_faulty.sleep_then, i, 60) for i in range(4)]
-        deadline = time.monotonic() + 60
-        while sum(bool(w["current_task"]) for w in p.stats()["workers"]) < 2:  # both busy
-            assert time.monotonic() < deadline, p.stats()
-            time.sleep(0.005)
+        futs = [p.submit(_tasks.sleep_then, i, 60) for i in range(4)]
+        wait_for(  # both busy
+            lambda: sum(bool(w["current_task"]) for w in p.stats()["workers"]) == 2,
+            60,
+            lambda: f"both workers busy: {{p.stats()}}",
+        )
         print(_template.template().pid, *p.pids(), flush=True)
         time.sleep(120)  # until the test SIGKILLs this process
 """)
@@ -112,7 +115,8 @@ def test_parent_sigkilled_mid_work_leaves_no_process_and_no_segment(tmp_path):
 _CTRL_C = textwrap.dedent("""
     import os, sys, threading, time
     sys.path.insert(0, {tests!r})
-    import fastpool, _faulty
+    import fastpool, _tasks
+    from _waiting import wait_for
 
     calling = threading.Event()
 
@@ -122,17 +126,17 @@ _CTRL_C = textwrap.dedent("""
         # has no Python frame to look for)
         calling.wait()
         stat = f"/proc/self/task/{{threading.main_thread().native_id}}/stat"
-        while True:
+
+        def sleeping():
             with open(stat) as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            if state == "S":
-                print("waiting", flush=True)
-                return
-            time.sleep(0.001)
+                return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+        wait_for(sleeping, 60, "the main thread to sleep in result()")
+        print("waiting", flush=True)
 
     if __name__ == "__main__":
         with fastpool.Pool(1) as p:
-            fut = p.submit(_faulty.sleep_then, 1, 60)
+            fut = p.submit(_tasks.sleep_then, 1, 60)
             threading.Thread(target=say_when_main_waits, daemon=True).start()
             try:
                 calling.set()

@@ -42,30 +42,30 @@ def _busy_pid(pool, task_future, timeout=10):
     ],
 )
 def test_crash_fails_only_its_future(pool, die, exitcode):
-    doomed, bystander = pool.submit(die), pool.submit(_faulty.double, 21)
+    doomed, bystander = pool.submit(die), pool.submit(_tasks.double, 21)
     with pytest.raises(WorkerCrashed) as info:
         doomed.result(timeout=30)
     assert info.value.exitcode == exitcode
     assert info.value.task_id is not None and info.value.pid is not None
     assert bystander.result(timeout=30) == 42  # the pool heals; nothing else is lost
-    assert [pool.submit(_faulty.double, i).result(timeout=30) for i in range(10)] == [
+    assert [pool.submit(_tasks.double, i).result(timeout=30) for i in range(10)] == [
         2 * i for i in range(10)
     ]
 
 
 def test_sigkill_from_outside_names_the_signal(pool):
-    fut = pool.submit(_faulty.sleep_then, 1, 30)
+    fut = pool.submit(_tasks.sleep_then, 1, 30)
     victim = _busy_pid(pool, fut)
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(WorkerCrashed) as info:
         fut.result(timeout=30)
     assert info.value.pid == victim and info.value.signal_name == "SIGKILL"
     assert "SIGKILL" in str(info.value)
-    assert pool.submit(_faulty.double, 4).result(timeout=30) == 8
+    assert pool.submit(_tasks.double, 4).result(timeout=30) == 8
 
 
 def test_worker_killed_while_idle_is_replaced_without_changing_capacity(pool):
-    assert pool.submit(_faulty.double, 1).result(timeout=30) == 2
+    assert pool.submit(_tasks.double, 1).result(timeout=30) == 2
     wait_workers_ready(pool, 2)
     before = pool.pids()
     assert len(before) == 2
@@ -77,7 +77,7 @@ def test_worker_killed_while_idle_is_replaced_without_changing_capacity(pool):
 
     after = wait_for(replaced, what="the killed worker to be replaced")
     assert len(after) == 2 and before[0] not in after and before[1] in after
-    futs = [pool.submit(_faulty.sleep_then, i, 0.05) for i in range(8)]
+    futs = [pool.submit(_tasks.sleep_then, i, 0.05) for i in range(8)]
     assert [f.result(timeout=30) for f in futs] == list(range(8))
     assert len(pool.pids()) == 2
 
@@ -89,15 +89,24 @@ def test_task_timeout_kills_and_replaces_the_worker(pool):
         fut.result(timeout=30)
     assert 0.4 < time.monotonic() - t0 < 15
     assert info.value.timeout_s == 0.5
-    assert pool.submit(_faulty.double, 5).result(timeout=30) == 10
+    assert pool.submit(_tasks.double, 5).result(timeout=30) == 10
     assert pool.stats()["crashes"][-1]["cause"] == "timeout"
+
+
+def test_timeouts_in_a_row_do_not_open_the_breaker():
+    with fastpool.Pool(1, max_failures=3) as p:
+        for _ in range(5):
+            with pytest.raises(fastpool.TaskTimeout):
+                p.options(timeout=0.1).submit(_tasks.sleep_then, 1, 30).result(timeout=30)
+        assert p.submit(_tasks.double, 4).result(timeout=30) == 8  # no CircuitOpen
+        assert p.stats()["workers"][0]["failures"] == 0
 
 
 def test_pool_default_task_timeout():
     with fastpool.Pool(1, task_timeout=0.3, backoff_base_s=0.01) as p:
         with pytest.raises(TaskTimeout):
-            p.submit(_faulty.sleep_then, 1, 30).result(timeout=30)
-        assert p.submit(_faulty.double, 2).result(timeout=30) == 4
+            p.submit(_tasks.sleep_then, 1, 30).result(timeout=30)
+        assert p.submit(_tasks.double, 2).result(timeout=30) == 4
 
 
 def test_sigstopped_worker_is_declared_hung(pool):
@@ -105,14 +114,25 @@ def test_sigstopped_worker_is_declared_hung(pool):
     with pytest.raises(WorkerHung) as info:
         fut.result(timeout=30)
     assert "heartbeat" in str(info.value)
-    assert pool.submit(_faulty.double, 3).result(timeout=30) == 6
+    assert pool.submit(_tasks.double, 3).result(timeout=30) == 6
     assert pool.stats()["crashes"][-1]["cause"] == "hung"
 
 
 def test_long_python_task_keeps_beating_and_is_not_hung():
     with fastpool.Pool(1, hang_timeout=0.5) as p:
-        assert p.submit(_faulty.sleep_then, "ok", 1.5).result(timeout=30) == "ok"
+        assert p.submit(_tasks.sleep_then, "ok", 1.5).result(timeout=30) == "ok"
         assert p.stats()["crashed"] == 0
+
+
+def _breaker_opened(pool) -> CircuitOpen:
+    """Waits for the one worker's breaker to open; returns what a submit then raises."""
+    wait_for(
+        lambda: pool.stats()["workers"][0]["state"] == "open",
+        what=lambda: f"the breaker: {pool.stats()}",
+    )
+    with pytest.raises(CircuitOpen) as info:
+        pool.submit(_tasks.double, 1)
+    return info.value
 
 
 @pytest.mark.parametrize("init", [_faulty.bad_initializer, _faulty.exiting_initializer])
@@ -121,14 +141,9 @@ def test_broken_initializer_opens_the_breaker(init):
     cpu0 = sum(proc.cpu_times()[:2])
     p = fastpool.Pool(1, initializer=init, backoff_base_s=0.01, backoff_cap_s=0.05, max_failures=4)
     try:
-        wait_for(
-            lambda: p.stats()["workers"][0]["state"] == "open",
-            what=lambda: f"the breaker: {p.stats()}",
-        )
-        with pytest.raises(CircuitOpen) as info:
-            p.submit(_faulty.double, 1)
-        assert info.value.retry_after_s > 0
-        assert "init" in str(info.value)
+        info = _breaker_opened(p)
+        assert info.retry_after_s > 0
+        assert "init" in str(info)
         # 4 starts in all; that no start follows while open is the next test's claim
         assert p.stats()["restarts"] == 3
     finally:
@@ -150,15 +165,10 @@ def test_a_crash_looping_initializer_is_started_max_failures_times_then_not_for_
         backoff_cap_s=0.01,
     )
     try:
-        wait_for(
-            lambda: p.stats()["workers"][0]["state"] == "open",
-            what=lambda: f"the breaker: {p.stats()}",
-        )
-        with pytest.raises(CircuitOpen) as info:
-            p.submit(_faulty.double, 1)
+        info = _breaker_opened(p)
         assert len(log.read_text().split()) == _policy.DEFAULT_MAX_FAILURES
         # the pool's own promise, not a measured time: no start before this much longer
-        assert info.value.retry_after_s > 10.0
+        assert info.retry_after_s > 10.0
         assert p.stats()["workers"][0]["state"] == "open"
         assert len(log.read_text().split()) == _policy.DEFAULT_MAX_FAILURES
     finally:
@@ -174,8 +184,8 @@ def test_queued_tasks_fail_with_circuit_open_and_inline_fallback_runs_them():
         max_failures=2,
     )
     try:
-        queued = p.submit(_faulty.double, 1)
-        inline = p.options(fallback="inline").submit(_faulty.double, 2)
+        queued = p.submit(_tasks.double, 1)
+        inline = p.options(fallback="inline").submit(_tasks.double, 2)
         with pytest.raises(CircuitOpen):
             queued.result(timeout=30)
         assert inline.result(timeout=30) == 4
@@ -197,7 +207,7 @@ def test_task_that_kills_two_workers_is_poison(pool):
         fut.result(timeout=30)
     assert isinstance(info.value, WorkerCrashed)
     assert pool.stats()["crashed"] == 2
-    assert pool.submit(_faulty.double, 1).result(timeout=30) == 2
+    assert pool.submit(_tasks.double, 1).result(timeout=30) == 2
 
 
 def test_decorated_task_options_apply():
@@ -208,17 +218,17 @@ def test_decorated_task_options_apply():
 
 
 def test_forced_cancel_kills_the_worker(pool):
-    fut = pool.submit(_faulty.sleep_then, 1, 30)
+    fut = pool.submit(_tasks.sleep_then, 1, 30)
     _busy_pid(pool, fut)
     assert pool.cancel(fut, force=True)
     with pytest.raises(CancelledError):
         fut.result(timeout=30)
-    assert pool.submit(_faulty.double, 2).result(timeout=30) == 4
+    assert pool.submit(_tasks.double, 2).result(timeout=30) == 4
     assert pool.stats()["crashes"][-1]["cause"] == "cancelled"
 
 
 def test_cooperative_cancel_sets_the_flag(pool):
-    fut = pool.submit(_faulty.cooperative, 30)
+    fut = pool.submit(_tasks.cooperative, 30)
     pid = _busy_pid(pool, fut)
     t0 = time.monotonic()
     assert pool.cancel(fut)
@@ -244,7 +254,7 @@ def test_a_task_still_queued_in_the_parent_cancels_like_any_future(tmp_path):
             queued.result(timeout=0)
         gate.touch()
         assert [f.result(timeout=30)[0] for f in held] == list(range(len(held)))
-        assert p.submit(_faulty.double, 1).result(timeout=30) == 2  # after the cancelled one
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2  # after the cancelled one
         assert not ran.exists()  # it never ran
 
 
@@ -255,7 +265,7 @@ def test_crash_record_content(pool):
     fut = pool.submit(_faulty.maybe_die, 0, 1)
     with pytest.raises(WorkerCrashed):
         fut.result(timeout=30)
-    fut = pool.submit(_faulty.sleep_then, arr, 30)
+    fut = pool.submit(_tasks.sleep_then, arr, 30)
     os.kill(_busy_pid(pool, fut), signal.SIGKILL)
     with pytest.raises(WorkerCrashed):
         fut.result(timeout=30)
@@ -304,6 +314,6 @@ def test_threads_submitting_while_workers_die():
 
 
 def test_async_task_runs_to_completion_and_child_errors_come_back(pool):
-    assert pool.submit(_faulty.async_task, 41).result(timeout=30) == 42
+    assert pool.submit(_tasks.async_task, 41).result(timeout=30) == 42
     with pytest.raises(KeyError, match="from a child task"):
-        pool.submit(_faulty.async_failing_child).result(timeout=30)
+        pool.submit(_tasks.async_failing_child).result(timeout=30)

@@ -19,14 +19,8 @@ import threading
 from collections import Counter
 
 import pytest
-from _faulty import (
-    announce_then_gate,
-    append_id,
-    append_id_padded,
-    append_id_then_die,
-    appended_ids,
-    double,
-)
+from _faulty import append_id_then_die
+from _tasks import announce_then_gate, append_id, append_id_padded, appended_ids, double
 from _waiting import running, wait_for, wait_workers_ready
 
 import fastpool

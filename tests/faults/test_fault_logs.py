@@ -13,8 +13,8 @@ import logging
 import re
 
 import pytest
-from _faulty import allocate_mib, double, sigkill_self, sigstop_self, spin_forever
-from _tasks import double_non_negative
+from _faulty import allocate_mib, sigkill_self, sigstop_self, spin_forever
+from _tasks import double, double_non_negative
 from _waiting import wait_workers_ready
 
 import fastpool

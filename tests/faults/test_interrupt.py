@@ -31,14 +31,16 @@ EXIT_DEADLINE_S = 60  # only a guard: the claim is the expiry file below
 _SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
-    import fastpool, _faulty
+    import fastpool, _tasks
+    from _waiting import wait_for
     from fastpool._runtime import _template
 
     def wait_busy(pool):
-        deadline = time.monotonic() + 60
-        while sum(bool(w["current_task"]) for w in pool.stats()["workers"]) < 2:
-            assert time.monotonic() < deadline, pool.stats()["workers"]
-            time.sleep(0.01)
+        wait_for(
+            lambda: sum(bool(w["current_task"]) for w in pool.stats()["workers"]) == 2,
+            60,
+            lambda: f"both workers busy: {{pool.stats()['workers']}}",
+        )
         print("ready", _template.template().pid, *pool.pids(), flush=True)
 
     if __name__ == "__main__":
@@ -49,14 +51,14 @@ _SCRIPT = textwrap.dedent("""
 
 
 _WITH = """with fastpool.Pool(2) as pool:
-        futs = [pool.submit(_faulty.gate_or_expire, gate, expired, {limit}) for i in range(6)]
+        futs = [pool.submit(_tasks.gate_or_expire, gate, expired, {limit}) for i in range(6)]
         wait_busy(pool)
         futs[0].result()"""
 
 # No ``with``: the pool is shut down by fastpool's atexit hook after the
 # KeyboardInterrupt has ended the script's main code.
 _NO_WITH = """pool = fastpool.Pool(2)
-    futs = [pool.submit(_faulty.gate_or_expire, gate, expired, {limit}) for i in range(6)]
+    futs = [pool.submit(_tasks.gate_or_expire, gate, expired, {limit}) for i in range(6)]
     wait_busy(pool)
     futs[0].result()"""
 

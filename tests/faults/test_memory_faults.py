@@ -96,7 +96,7 @@ def test_task_over_memory_limit_is_killed_reported_and_replaced():
         assert err.reason == "memory-limit" and err.limit_bytes == 300 * 2**20
         assert err.rss_bytes > 300 * 2**20 and err.peak_rss_bytes >= err.rss_bytes
         assert err.task_id is not None and "over memory_limit 300.0 MiB" in str(err)
-        assert p.submit(_faulty.double, 4).result(timeout=30) == 8  # replaced, pool goes on
+        assert p.submit(_tasks.double, 4).result(timeout=30) == 8  # replaced, pool goes on
         rec = p.stats()["crashes"][-1]
         assert rec["cause"] == "memory"
 
@@ -119,7 +119,7 @@ def test_a_worker_reading_a_shared_array_over_its_limit_is_not_killed_but_alloca
         with pytest.raises(WorkerMemoryError) as info:  # private memory still counts
             p.submit(_faulty.allocate_mib, 600).result(timeout=60)
         assert info.value.reason == "memory-limit" and info.value.pid == pid
-        assert p.submit(_faulty.double, 4).result(timeout=30) == 8
+        assert p.submit(_tasks.double, 4).result(timeout=30) == 8
 
 
 def test_external_sigkill_is_not_reported_as_oom(monitor, tmp_path):
@@ -169,7 +169,7 @@ def test_the_oom_verdict_follows_the_cgroup_counter(
         else:
             assert not isinstance(info.value, WorkerMemoryError)
             assert "stayed at 0" in rec["evidence"] and "not the OOM killer" in rec["evidence"]
-        assert p.submit(_faulty.double, 2).result(timeout=30) == 4
+        assert p.submit(_tasks.double, 2).result(timeout=30) == 4
 
 
 def _my_memory_cgroup() -> tuple[Path | None, bool]:
@@ -205,7 +205,7 @@ def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor):
         except OSError as exc:
             pytest.skip(f"cannot set a memory limit on {child}: {exc}")
         with fastpool.Pool(1, backoff_base_s=0.01, memory_interval_s=0.02) as p:
-            assert p.submit(_faulty.double, 1).result(timeout=30) == 2
+            assert p.submit(_tasks.double, 1).result(timeout=30) == 2
             pid = p.pids()[0]
             (child / "cgroup.procs").write_text(str(pid))
             # the monitor follows the worker into its new cgroup and reads its counter
@@ -222,7 +222,7 @@ def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor):
             assert info.value.limit_bytes == limit
             rec = p.stats()["crashes"][-1]
             assert rec["cause"] == "oom-killer" and "counter rose" in rec["evidence"]
-            assert p.submit(_faulty.double, 2).result(timeout=30) == 4
+            assert p.submit(_tasks.double, 2).result(timeout=30) == 4
     finally:
 
         def removed() -> bool:
@@ -239,7 +239,7 @@ def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor):
 
 def test_recycling_by_task_count_loses_and_repeats_nothing():
     with fastpool.Pool(2, max_tasks_per_worker=5) as p:
-        futs = [p.submit(_faulty.pid_and, i) for i in range(60)]
+        futs = [p.submit(_tasks.pid_and, i) for i in range(60)]
         results = [f.result(timeout=60) for f in futs]
         assert [r[1] for r in results] == list(range(60))  # each exactly once, in order
         per_pid: dict[int, int] = {}
@@ -258,15 +258,15 @@ def test_recycling_by_leak_threshold_between_tasks(monitor):
         assert leaker == first
         wait_for(lambda: p.stats()["recycled"] >= 1, 20, "the leaking worker to be recycled")
         assert p.stats()["recycled"] == 1 and p.stats()["crashed"] == 0
-        assert p.submit(_faulty.pid).result(timeout=30) != first
+        assert p.submit(_tasks.pid).result(timeout=30) != first
 
 
 def test_dispatch_pauses_under_memory_pressure_and_resumes(monitor):
     with fastpool.Pool(1, min_available_memory="1GiB", memory_interval_s=0.02) as p:
-        assert p.submit(_faulty.double, 1).result(timeout=30) == 2
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
         p._settings["available_memory"] = lambda: 100 * 2**20  # simulated: 100 MiB left
         wait_for(lambda: p.stats()["dispatch_paused"], 10, "dispatch to pause")
-        fut = p.submit(_faulty.double, 21)
+        fut = p.submit(_tasks.double, 21)
         monitor.wait_ticks()  # the pool looked again, and still holds it
         assert not fut.done() and p.stats()["queued"] == 1  # held back, not lost
         p._settings["available_memory"] = lambda: 8 * 2**30
@@ -284,7 +284,7 @@ def test_workers_auto_respects_the_memory_budget():
 
 def test_stats_report_current_and_peak_memory():
     with fastpool.Pool(1, memory_interval_s=0.02) as p:
-        p.submit(_faulty.double, 1).result(timeout=30)
+        p.submit(_tasks.double, 1).result(timeout=30)
         w = wait_for(
             lambda: (w := p.stats()["workers"][0])["rss_bytes"] and w, what="a memory sample"
         )

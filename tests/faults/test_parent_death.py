@@ -28,15 +28,14 @@ _PARENT = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {tests!r})
     import numpy
-    import fastpool, _faulty
+    import fastpool, _tasks
+    from _waiting import wait_for
     from fastpool._runtime import _template
     if __name__ == "__main__":
         p = fastpool.Pool(2)
-        assert sorted(p.map(_faulty.double, range(4))) == [0, 2, 4, 6]
-        busy = [p.submit(_faulty.sleep_then, i, 600) for i in range(2)]
-        deadline = time.monotonic() + 60
-        while len(p.pids()) < 2 and time.monotonic() < deadline:  # both workers' pids known
-            time.sleep(0.01)
+        assert sorted(p.map(_tasks.double, range(4))) == [0, 2, 4, 6]
+        busy = [p.submit(_tasks.sleep_then, i, 600) for i in range(2)]
+        wait_for(lambda: len(p.pids()) == 2, 60, "both workers' pids")
         kind = type(_template.template()._proc).__name__
         child = os.fork()  # keeps every socket of the parent open
         if child == 0:

@@ -12,7 +12,8 @@ import os
 import signal
 
 import pytest
-from _faulty import appended_ids, double, gated_initializer
+from _faulty import gated_initializer
+from _tasks import appended_ids, double
 from _waiting import running, wait_for, wait_gone, wait_workers_ready
 
 import fastpool
@@ -28,17 +29,23 @@ def _causes(pool: fastpool.Pool) -> list[str]:
     return [c["cause"] for c in pool.stats()["crashes"]]
 
 
-def test_an_initializer_that_never_returns_opens_the_breaker(tmp_path):
-    starts, gate = str(tmp_path / "starts"), str(tmp_path / "never-opened")
-    with fastpool.Pool(
+def _never_ready_pool(starts: str, tmp_path, max_failures: int) -> fastpool.Pool:
+    """One worker whose initializer logs its start to ``starts`` and never returns:
+    every start runs into the start timeout."""
+    return fastpool.Pool(
         1,
         initializer=gated_initializer,
-        initargs=(starts, gate),
+        initargs=(starts, str(tmp_path / "never-opened")),
         start_timeout=START_TIMEOUT_S,
-        max_failures=1,
+        max_failures=max_failures,
         backoff_base_s=0.01,
         breaker_open_s=300,
-    ) as pool:
+    )
+
+
+def test_an_initializer_that_never_returns_opens_the_breaker(tmp_path):
+    starts = str(tmp_path / "starts")
+    with _never_ready_pool(starts, tmp_path, max_failures=1) as pool:
         queued = pool.submit(double, 1)  # no worker is ready to take it
         with pytest.raises(CircuitOpen) as info:
             queued.result(timeout=30)
@@ -56,16 +63,8 @@ def test_an_initializer_that_never_returns_opens_the_breaker(tmp_path):
 
 
 def test_each_start_timeout_counts_as_one_failure_with_backoff_between(tmp_path):
-    starts, gate = str(tmp_path / "starts"), str(tmp_path / "never-opened")
-    with fastpool.Pool(
-        1,
-        initializer=gated_initializer,
-        initargs=(starts, gate),
-        start_timeout=START_TIMEOUT_S,
-        max_failures=3,
-        backoff_base_s=0.01,
-        breaker_open_s=300,
-    ) as pool:
+    starts = str(tmp_path / "starts")
+    with _never_ready_pool(starts, tmp_path, max_failures=3) as pool:
         wait_for(
             lambda: pool.stats()["workers"][0]["state"] == "open",
             what=lambda: f"the breaker to open: {pool.stats()['workers']}",

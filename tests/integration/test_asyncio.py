@@ -14,28 +14,16 @@ import asyncio
 import concurrent.futures as cf
 import os
 import threading
-import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable
 
+import _faulty
 import _tasks
-import _ux_tasks
 import pytest
-from _waiting import wait_for, wait_workers_ready
+from _waiting import until, wait_for, wait_workers_ready
 from conftest import make_pool
 
 import fastpool
-
-DEADLINE_S = 30.0
-
-
-async def until(predicate: Callable[[], Any], what: str | Callable[[], str]) -> None:
-    """wait_for for a coroutine: polls without blocking the loop; fails after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what() if callable(what) else what}")
-        await asyncio.sleep(0.005)
 
 
 def run(coro: Awaitable[Any]) -> Any:
@@ -65,7 +53,7 @@ def test_awaiting_a_running_task_leaves_the_loop_free(pool: fastpool.Pool, tmp_p
     started, gate = _files(tmp_path, "started", "gate")
 
     async def main() -> None:
-        task = asyncio.create_task(pool.asubmit(_ux_tasks.gated, "v", started, gate))
+        task = asyncio.create_task(pool.asubmit(_tasks.gated, "v", started, gate))
         await until(lambda: os.path.exists(started), "the task to start")
         assert not task.done()
         open(gate, "w").close()  # only a free loop gets here: the task waits for this
@@ -77,7 +65,7 @@ def test_awaiting_a_running_task_leaves_the_loop_free(pool: fastpool.Pool, tmp_p
 def test_a_full_queue_parks_admission_without_blocking_the_loop(tmp_path: Path) -> None:
     started, gate = _files(tmp_path, "started", "gate")
     with make_pool(1, max_queue=2) as pool:
-        held = pool.submit(_ux_tasks.gated, "held", started, gate)
+        held = pool.submit(_tasks.gated, "held", started, gate)
         wait_for(lambda: os.path.exists(started), what="the first task to start")
         filler = []
         while pool.stats()["queued"] < 2:  # the worker may prefetch some: fill the queue itself
@@ -104,10 +92,10 @@ def test_a_full_queue_parks_admission_without_blocking_the_loop(tmp_path: Path) 
 def test_cancelling_the_awaiting_task_drops_a_queued_pool_task(tmp_path: Path) -> None:
     started, gate, trace = _files(tmp_path, "started", "gate", "ran")
     with make_pool(1) as pool:
-        held = pool.submit(_ux_tasks.gated, "held", started, gate)
+        held = pool.submit(_tasks.gated, "held", started, gate)
 
         async def main() -> None:
-            task = asyncio.create_task(pool.asubmit(_ux_tasks.touch, trace))
+            task = asyncio.create_task(pool.asubmit(_tasks.touch, trace))
             await until(lambda: pool.stats()["submitted"] == 2, "the second task to be submitted")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -128,7 +116,7 @@ def test_cancelling_the_awaiting_task_flags_a_running_pool_task(
     pids = sorted(wait_workers_ready(pool))
 
     async def main() -> None:
-        task = asyncio.create_task(pool.asubmit(_ux_tasks.cooperative, started))
+        task = asyncio.create_task(pool.asubmit(_tasks.cooperative, _tasks.LIMIT_S, started))
         await until(lambda: os.path.exists(started), "the task to start")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -150,7 +138,7 @@ def test_force_cancel_kills_a_running_task_and_the_pool_carries_on(
 
     async def main() -> None:
         task = asyncio.create_task(
-            pool.options(force_cancel=True).asubmit(_ux_tasks.gated, 1, started, gate)
+            pool.options(force_cancel=True).asubmit(_tasks.gated, 1, started, gate)
         )
         await until(lambda: os.path.exists(started), "the task to start")
         task.cancel()
@@ -166,7 +154,7 @@ def test_force_cancel_kills_a_running_task_and_the_pool_carries_on(
 def test_a_pool_side_cancel_is_the_pools_cancelled_error(tmp_path: Path) -> None:
     started, gate = _files(tmp_path, "started", "gate")
     with make_pool(1) as pool:
-        held = pool.submit(_ux_tasks.gated, "held", started, gate)
+        held = pool.submit(_tasks.gated, "held", started, gate)
 
         async def main() -> None:
             task = asyncio.create_task(pool.asubmit(_tasks.double, 1))
@@ -216,7 +204,7 @@ def test_two_event_loops_share_one_pool(pool: fastpool.Pool) -> None:
 def test_inline_fallback_runs_off_the_loop_when_the_circuit_is_open() -> None:
     with make_pool(
         1,
-        initializer=_ux_tasks.bad_initializer,
+        initializer=_faulty.bad_initializer,
         backoff_base_s=0.01,
         backoff_cap_s=0.02,
         max_failures=2,
@@ -227,7 +215,7 @@ def test_inline_fallback_runs_off_the_loop_when_the_circuit_is_open() -> None:
         async def main() -> None:
             with pytest.raises(fastpool.CircuitOpen):
                 await pool.asubmit(_tasks.double, 1)
-            pid, thread = await pool.options(fallback="inline").asubmit(_ux_tasks.where)
+            pid, thread = await pool.options(fallback="inline").asubmit(_tasks.where)
             assert pid == os.getpid()  # run by this process ...
             assert thread != threading.get_ident()  # ... but not on the event loop's thread
 
@@ -246,12 +234,12 @@ def test_run_in_executor_and_wrap_future_keep_working(tmp_path: Path) -> None:
             loop = asyncio.get_running_loop()
             assert await loop.run_in_executor(pool, _tasks.double, 5) == 10
             assert await asyncio.wrap_future(pool.submit(_tasks.add, 2, 3)) == 5
-            held = asyncio.wrap_future(pool.submit(_ux_tasks.gated, "held", started, gate))
+            held = asyncio.wrap_future(pool.submit(_tasks.gated, "held", started, gate))
             await until(lambda: os.path.exists(started), "the first task to start")
             traces = []
             while pool.stats()["queued"] == 0:  # past what the worker prefetches: really queued
                 traces.append(str(tmp_path / f"ran{len(traces)}"))
-                last = pool.submit(_ux_tasks.touch, traces[-1])
+                last = pool.submit(_tasks.touch, traces[-1])
             wrapped = asyncio.wrap_future(last)
             wrapped.cancel()  # wrap_future cancels the pool future: queued, so dropped
             await asyncio.sleep(0)
@@ -293,7 +281,7 @@ def test_amap_unordered_yields_what_finishes_first(pool: fastpool.Pool, tmp_path
     async def main() -> None:
         got = []
         async for x in pool.amap(
-            _ux_tasks.held_first, range(4), [gate] * 4, chunksize=1, ordered=False
+            _tasks.held_first, range(4), [gate] * 4, chunksize=1, ordered=False
         ):
             got.append(x)
             if len(got) == 3:
@@ -322,7 +310,7 @@ def test_breaking_out_of_amap_cancels_the_chunks_not_run(
     (gate,) = _files(tmp_path, "gate")
 
     async def main() -> None:
-        async for x in pool.amap(_ux_tasks.first_free, range(50), [gate] * 50, chunksize=1):
+        async for x in pool.amap(_tasks.first_free, range(50), [gate] * 50, chunksize=1):
             assert x == 0
             break  # the iterator is dropped here: no aclose() needed
 
@@ -346,7 +334,7 @@ def test_cancelling_an_amap_consumer_with_force_kills_its_running_chunks(
     async def consume() -> list[int]:
         got = []
         async with pool.amap(
-            _ux_tasks.first_free, range(20), [gate] * 20, chunksize=1, force_cancel=True
+            _tasks.first_free, range(20), [gate] * 20, chunksize=1, force_cancel=True
         ) as results:
             async for x in results:
                 got.append(x)
@@ -408,7 +396,7 @@ def test_the_driver_thread_runs_while_futures_are_pending_and_then_exits(tmp_pat
     with make_pool(1) as pool:
 
         async def main() -> None:
-            task = asyncio.create_task(pool.asubmit(_ux_tasks.gated, "v", started, gate))
+            task = asyncio.create_task(pool.asubmit(_tasks.gated, "v", started, gate))
             await until(lambda: os.path.exists(started), "the task to start")
             mine.update(drivers() - before)  # a future is pending: a thread drives the pool
             open(gate, "w").close()

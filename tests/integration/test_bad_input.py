@@ -15,6 +15,7 @@ from typing import Any
 
 import _tasks
 import pytest
+from _waiting import wait_for
 from conftest import make_pool
 
 import fastpool
@@ -198,9 +199,7 @@ def test_a_done_callback_submitting_into_a_full_queue_does_not_deadlock(tmp_path
         futures[0].add_done_callback(_tasks.submit_from_callback(pool, 3, out, errors))
         gate.touch()
         assert [f.result(timeout=RESULT_S)[0] for f in futures] == list(range(len(futures)))
-        deadline = time.monotonic() + RESULT_S
-        while len(out) + len(errors) < 6 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: len(out) + len(errors) >= 6, RESULT_S, "the callbacks' six submits")
         assert errors == []
         assert sorted(f.result(timeout=RESULT_S) for f in out) == [0, 0, 2, 2, 4, 4]
 

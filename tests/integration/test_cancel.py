@@ -22,15 +22,8 @@ import threading
 from concurrent.futures import CancelledError
 
 import pytest
-from _faulty import (
-    announce_then_gate,
-    announce_then_gate_then_die,
-    append_id,
-    appended_ids,
-    cooperative,
-    double,
-    touch,
-)
+from _faulty import announce_then_gate_then_die
+from _tasks import announce_then_gate, append_id, appended_ids, cooperative, double, touch
 from _waiting import wait_for, wait_workers_ready
 
 import fastpool

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import _dask_local_tasks as t
+import _arrays
+import _faulty
+import _tasks
 import numpy as np
 import pytest
 
@@ -18,6 +20,8 @@ import fastpool
 dask = pytest.importorskip("dask", reason="needs dask: pip install -e '.[dask]'")
 da = pytest.importorskip("dask.array", reason="needs dask[array]")
 delayed = dask.delayed
+
+MIB = 2**20
 
 
 @pytest.fixture
@@ -33,8 +37,8 @@ def test_max_workers_is_the_worker_count_and_read_only(pool: fastpool.Pool) -> N
 
 
 def test_compute_with_scheduler_pool_runs_the_graph_in_the_workers(pool: fastpool.Pool) -> None:
-    a = delayed(t.inc)(1)
-    b = delayed(t.add)(a, delayed(t.inc)(10))
+    a = delayed(_tasks.inc)(1)
+    b = delayed(_tasks.add)(a, delayed(_tasks.inc)(10))
     assert dask.compute(a, b, scheduler=pool) == (2, 13)
     assert pool.stats()["completed"] >= 3  # the tasks ran in the pool, not in this process
 
@@ -43,7 +47,7 @@ def test_config_set_scheduler_pool_applies_to_every_compute(pool: fastpool.Pool)
     x = da.arange(1000, chunks=100)
     with dask.config.set(scheduler=pool):
         assert int((x * 2).sum().compute()) == 999 * 1000
-        assert delayed(t.inc)(41).compute() == 42
+        assert delayed(_tasks.inc)(41).compute() == 42
     assert pool.stats()["completed"] >= 11
 
 
@@ -62,8 +66,8 @@ def test_a_dask_array_pipeline_gives_numpys_answer(pool: fastpool.Pool) -> None:
 
 
 def test_an_array_a_task_returns_reaches_the_next_task_without_a_copy(pool: fastpool.Pool) -> None:
-    made = delayed(t.make)(32 * t.MIB, 1.0)  # born in a worker
-    poked = delayed(t.poke)(made, 7, 42.0)  # the next task writes into what it received
+    made = delayed(_arrays.make)(32 * MIB, 1.0)  # born in a worker
+    poked = delayed(_arrays.poke)(made, 7, 42.0)  # the next task writes into what it received
     arr, i = dask.compute(made, poked, scheduler=pool)
     assert i == 7
     # The parent's array (Dask's cache of `made`) shows the write: the result came to
@@ -77,19 +81,21 @@ def test_an_array_in_a_tuple_a_task_returns_reaches_the_parent_without_a_copy(
     from fastpool._native import _arena
 
     # Dask wraps a task's value as [(key, (value, id), failed)]: the array sits four deep
-    ((arr, where_in_worker),) = dask.compute(delayed(t.make_with_where)(32 * t.MIB), scheduler=pool)
+    ((arr, where_in_worker),) = dask.compute(
+        delayed(_arrays.make_with_where)(32 * MIB), scheduler=pool
+    )
     assert _arena.address_of(arr) - pool._arena.base_address == where_in_worker
     assert arr[0] == 2.0
 
 
 def test_a_task_error_keeps_its_type_through_dask(pool: fastpool.Pool) -> None:
     with pytest.raises(TypeError):
-        dask.compute(delayed(t.add)(1, "a"), scheduler=pool)
+        dask.compute(delayed(_tasks.add)(1, "a"), scheduler=pool)
 
 
 def test_a_dead_worker_fails_the_compute_with_worker_crashed_and_the_pool_goes_on(
     pool: fastpool.Pool,
 ) -> None:
     with pytest.raises(fastpool.WorkerCrashed, match="SIGKILL"):
-        dask.compute(delayed(t.die)(1), scheduler=pool)
-    assert dask.compute(delayed(t.inc)(1), scheduler=pool) == (2,)
+        dask.compute(delayed(_faulty.sigkill_self)(1), scheduler=pool)
+    assert dask.compute(delayed(_tasks.inc)(1), scheduler=pool) == (2,)

@@ -13,13 +13,9 @@ from __future__ import annotations
 from concurrent.futures import CancelledError
 
 import pytest
-from _faulty import (
-    array_with_a_big_pickle,
-    cooperative_array,
-    double,
-    unknown_array_reply,
-    unrebuildable_then_array,
-)
+from _arrays import array_with_a_big_pickle, cooperative_array, unrebuildable_then_array
+from _faulty import unknown_array_reply
+from _tasks import double
 from _waiting import wait_for, wait_workers_ready
 
 import fastpool

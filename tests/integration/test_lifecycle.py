@@ -1,4 +1,5 @@
-"""A pool nobody shuts down is collected and shuts itself down (issue 9, section 5).
+"""How a pool ends: shut down from anywhere, even from one of its own callbacks, or
+dropped and collected (issue 9, section 5): a pool nobody shuts down shuts itself down.
 
 Like ProcessPoolExecutor: the pool's threads and the dispatcher hold no reference
 to the Pool object, so when the caller drops it, it is garbage collected and its
@@ -9,10 +10,11 @@ caller still holds keep (or still get) their results.
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import weakref
 
-from _faulty import announce_then_gate, double
+from _tasks import announce_then_gate, double, gate
 from _waiting import wait_for, wait_gone, wait_workers_ready
 
 import fastpool
@@ -112,3 +114,27 @@ def test_pools_made_and_dropped_in_a_loop_do_not_accumulate():
     for _ in range(3):
         ref, pids, _ = _dropped(lambda pool: pool.submit(double, 1).result(timeout=30))
         _collected(ref, pids)
+
+
+def test_shutdown_wait_from_a_done_callback_does_not_deadlock(tmp_path):
+    fds = len(os.listdir("/proc/self/fd"))
+    opened = tmp_path / "open"
+    p = fastpool.Pool(1)
+    f = p.submit(gate, str(opened), 1)  # not done before the callback is added
+    done = threading.Event()
+    threads: list = []
+    f.add_done_callback(
+        lambda fut: (threads.append(threading.current_thread()), p.shutdown(wait=True), done.set())
+    )
+    opened.touch()
+    # Waiting on the event, not in f.result(): a thread inside result() drives the
+    # pool itself and would run the callback, and the claim is about the pool's thread.
+    assert done.wait(30)  # the callback returned instead of waiting on its own thread
+    assert threads != [threading.main_thread()]
+    assert f.result(timeout=0)[0] == 1
+    p.shutdown(wait=True)
+    wait_for(
+        lambda: len(os.listdir("/proc/self/fd")) == fds,
+        10,
+        "the collector to finish the teardown and close its fds",
+    )

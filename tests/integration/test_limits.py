@@ -11,10 +11,11 @@ trips, where 32-bit lengths would break.
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import pytest
-from _faulty import double, nbytes_of
+from _tasks import double, nbytes_of
 
 import fastpool
 
@@ -160,6 +161,13 @@ def test_an_array_larger_than_the_arena_is_a_shared_memory_error_saying_so():
             pool.empty((2**40,), np.uint8)
 
 
+def test_result_too_big_for_the_arena_is_a_shared_memory_error():
+    with fastpool.Pool(1, arena_bytes=8 << 20) as p:
+        with pytest.raises(fastpool.SharedMemoryError):
+            p.submit(np.ones, 8 << 20).result(timeout=60)  # 64 MiB of float64
+        assert p.submit(double, 1).result(timeout=30) == 2
+
+
 @pytest.mark.parametrize("shape", [(-1,), (3, -2)])
 def test_a_negative_dimension_is_a_value_error(shape):
     with fastpool.Pool(1) as pool:
@@ -241,3 +249,13 @@ def test_a_blas_thread_count_that_is_not_positive_is_refused(value):
 
 def test_a_backoff_that_is_not_a_number_is_refused_naming_it():
     _pool_refuses((ValueError, TypeError), "backoff", 1, backoff_base_s="x")
+
+
+def test_oversized_initargs_fail_pool_creation_naming_them_and_leak_nothing():
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(fastpool.SerializationError, match="initargs"):
+            fastpool.Pool(
+                1, ring_bytes=1 << 16, initializer=double, initargs=(list(range(100_000)),)
+            )
+    assert len(os.listdir("/proc/self/fd")) == fds

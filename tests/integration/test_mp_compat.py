@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import _mp_tasks
+import _faulty
+import _tasks
 import psutil
 import pytest
 
@@ -70,32 +71,32 @@ def gone(pids: set[int]) -> bool:
 
 def test_map_and_starmap_return_lists(make: Make) -> None:
     p = make(2)
-    out = p.map(_mp_tasks.double, range(20))
+    out = p.map(_tasks.double, range(20))
     assert isinstance(out, list) and out == [2 * x for x in range(20)]
-    assert p.map(_mp_tasks.double, (x for x in range(5)), chunksize=2)[0] == 0
-    assert p.map(_mp_tasks.double, []) == []
-    assert p.starmap(_mp_tasks.add, [(1, 2), (3, 4)]) == [3, 7]
-    assert p.starmap(_mp_tasks.total, [(1,), (1, 2), (1, 2, 3)], chunksize=2) == [1, 3, 6]
+    assert p.map(_tasks.double, (x for x in range(5)), chunksize=2)[0] == 0
+    assert p.map(_tasks.double, []) == []
+    assert p.starmap(_tasks.add, [(1, 2), (3, 4)]) == [3, 7]
+    assert p.starmap(_tasks.sum_of, [(1,), (1, 2), (1, 2, 3)], chunksize=2) == [1, 3, 6]
 
 
 def test_map_async_and_starmap_async_call_back_before_ready(make: Make) -> None:
     p = make(2)
     seen: list[Any] = []
-    r = p.map_async(_mp_tasks.double, iter(range(10)), callback=seen.append)
+    r = p.map_async(_tasks.double, iter(range(10)), callback=seen.append)
     assert r.get(WAIT_S) == [2 * x for x in range(10)]
     assert seen == [[2 * x for x in range(10)]]  # the callback ran before get() returned
     assert r.ready() and r.successful()
-    r = p.starmap_async(_mp_tasks.add, [(1, 1), (2, 2)], chunksize=1, callback=seen.append)
+    r = p.starmap_async(_tasks.add, [(1, 1), (2, 2)], chunksize=1, callback=seen.append)
     assert r.get(WAIT_S) == [2, 4] and seen[-1] == [2, 4]
 
 
 def test_a_failing_item_fails_the_map_with_its_own_exception(make: Make) -> None:
     p = make(2)
     with pytest.raises(ValueError, match="item -7 is negative"):
-        p.map(_mp_tasks.double_non_negative, [1, -7, 3])
+        p.map(_tasks.double_non_negative, [1, -7, 3])
     errs: list[BaseException] = []
     r = p.map_async(
-        _mp_tasks.double_non_negative, [1, 2, -3], callback=pytest.fail, error_callback=errs.append
+        _tasks.double_non_negative, [1, 2, -3], callback=pytest.fail, error_callback=errs.append
     )
     with pytest.raises(ValueError, match="item -3 is negative"):
         r.get(WAIT_S)
@@ -106,16 +107,16 @@ def test_a_failing_item_fails_the_map_with_its_own_exception(make: Make) -> None
 @pytest.mark.parametrize("chunksize", [1, 3])
 def test_imap_yields_in_order_and_imap_unordered_yields_all(make: Make, chunksize: int) -> None:
     p = make(2)
-    assert list(p.imap(_mp_tasks.double, range(25), chunksize)) == [2 * x for x in range(25)]
-    assert sorted(p.imap_unordered(_mp_tasks.double, range(25), chunksize)) == [
+    assert list(p.imap(_tasks.double, range(25), chunksize)) == [2 * x for x in range(25)]
+    assert sorted(p.imap_unordered(_tasks.double, range(25), chunksize)) == [
         2 * x for x in range(25)
     ]
-    assert list(p.imap(_mp_tasks.double, [], chunksize)) == []
+    assert list(p.imap(_tasks.double, [], chunksize)) == []
 
 
 def test_imap_raises_a_failed_item_at_its_position_and_goes_on(make: Make) -> None:
     p = make(2)
-    it = p.imap(_mp_tasks.double_non_negative, [1, -1, 2])  # chunksize=1: one task per item
+    it = p.imap(_tasks.double_non_negative, [1, -1, 2])  # chunksize=1: one task per item
     assert next(it) == 2
     with pytest.raises(ValueError, match="item -1 is negative"):
         next(it)
@@ -126,7 +127,7 @@ def test_imap_raises_a_failed_item_at_its_position_and_goes_on(make: Make) -> No
 
 def test_imap_with_chunks_ends_at_a_failure(make: Make) -> None:
     p = make(2)
-    it = p.imap(_mp_tasks.double_non_negative, [1, 2, 3, -4, 5, 6, 7, 8], chunksize=2)
+    it = p.imap(_tasks.double_non_negative, [1, 2, 3, -4, 5, 6, 7, 8], chunksize=2)
     got: list[int] = []
     with pytest.raises(ValueError, match="item -4 is negative"):
         got.extend(it)
@@ -137,7 +138,7 @@ def test_imap_with_chunks_ends_at_a_failure(make: Make) -> None:
 def test_imap_next_timeout_raises_multiprocessing_timeout(make: Make, tmp_path: Path) -> None:
     p = make(2)
     gate = tmp_path / "open"
-    it = p.imap(_mp_tasks.gate, [str(gate)])
+    it = p.imap(_tasks.gate, [str(gate)])
     with pytest.raises(multiprocessing.TimeoutError):
         it.next(timeout=0.05)
     gate.touch()
@@ -150,7 +151,7 @@ def test_imap_input_error_is_raised_at_its_position(make: Make) -> None:
         raise KeyError("the input broke")
 
     p = make(2)
-    it = p.imap(_mp_tasks.double, items())
+    it = p.imap(_tasks.double, items())
     assert next(it) == 2
     with pytest.raises(KeyError, match="the input broke"):
         next(it)
@@ -162,16 +163,16 @@ def test_imap_input_error_is_raised_at_its_position(make: Make) -> None:
 
 def test_apply_and_apply_async(make: Make) -> None:
     p = make(2)
-    assert p.apply(_mp_tasks.add, (1, 2)) == 3
-    assert p.apply(_mp_tasks.add, (1,), {"b": 5}) == 6
-    r = p.apply_async(_mp_tasks.add, [2], {"b": 3})
+    assert p.apply(_tasks.add, (1, 2)) == 3
+    assert p.apply(_tasks.add, (1,), {"b": 5}) == 6
+    r = p.apply_async(_tasks.add, [2], {"b": 3})
     assert r.get(WAIT_S) == 5 and r.ready() and r.successful()
 
 
 def test_async_result_before_it_is_ready(make: Make, tmp_path: Path) -> None:
     p = make(2)
     gate = tmp_path / "open"
-    r = p.apply_async(_mp_tasks.gate, (str(gate), "done"))
+    r = p.apply_async(_tasks.gate, (str(gate), "done"))
     assert not r.ready()
     with pytest.raises(ValueError, match="not ready"):
         r.successful()
@@ -188,55 +189,55 @@ def test_callback_and_error_callback_run_on_one_pool_thread_before_ready(make: M
     calls: list[tuple[str, Any, int]] = []
     ok = [
         p.apply_async(
-            _mp_tasks.double,
+            _tasks.double,
             (i,),
             callback=lambda v: calls.append(("ok", v, threading.get_ident())),
         )
         for i in range(6)
     ]
     bad = p.apply_async(
-        _mp_tasks.raise_custom,
+        _tasks.raise_custom,
         (42,),
         callback=pytest.fail,
         error_callback=lambda e: calls.append(("err", e, threading.get_ident())),
     )
     assert sorted(r.get(WAIT_S) for r in ok) == [0, 2, 4, 6, 8, 10]
-    with pytest.raises(_mp_tasks.CustomError):
+    with pytest.raises(_tasks.CustomError):
         bad.get(WAIT_S)
     assert sorted(v for kind, v, _ in calls if kind == "ok") == [0, 2, 4, 6, 8, 10]
     (err,) = [v for kind, v, _ in calls if kind == "err"]
-    assert type(err) is _mp_tasks.CustomError and err.code == 42
+    assert type(err) is _tasks.CustomError and err.code == 42
     threads = {t for _, _, t in calls}
     assert len(threads) == 1 and threading.get_ident() not in threads
 
 
 def test_an_exception_keeps_its_type_arguments_and_worker_traceback(make: Make) -> None:
     p = make(2)
-    with pytest.raises(_mp_tasks.CustomError) as info:
-        p.apply(_mp_tasks.raise_custom, (7,))
+    with pytest.raises(_tasks.CustomError) as info:
+        p.apply(_tasks.raise_custom, (7,))
     assert info.value.code == 7 and info.value.args == (7, "raised on purpose")
     assert "raise_custom" in str(info.value.__cause__)  # the worker's traceback
 
 
 def test_an_unpicklable_argument_fails_its_result_not_the_call(make: Make) -> None:
     p = make(2)
-    r = p.apply_async(_mp_tasks.double, (threading.Lock(),))
+    r = p.apply_async(_tasks.double, (threading.Lock(),))
     with pytest.raises(Exception, match="pickle"):
         r.get(WAIT_S)
-    assert p.apply(_mp_tasks.double, (4,)) == 8
+    assert p.apply(_tasks.double, (4,)) == 8
 
 
 # ---- options ---------------------------------------------------------------------------
 
 
 def test_initializer_runs_in_every_worker_first(make: Make) -> None:
-    p = make(2, initializer=_mp_tasks.set_state, initargs=("initialised",))
-    assert set(p.map(_mp_tasks.get_state, range(16), chunksize=1)) == {"initialised"}
+    p = make(2, initializer=_tasks.set_state, initargs=("initialised",))
+    assert set(p.map(_tasks.get_state, range(16), chunksize=1)) == {"initialised"}
 
 
 def test_maxtasksperchild_replaces_the_worker_after_its_tasks(make: Make) -> None:
     p = make(1, maxtasksperchild=1)
-    pids = [p.apply(_mp_tasks.pid) for _ in range(3)]
+    pids = [p.apply(_tasks.pid) for _ in range(3)]
     assert len(set(pids)) == 3
 
 
@@ -249,7 +250,7 @@ def test_bad_options_are_refused_as_multiprocessing_refuses_them(make: Make) -> 
         make(1, maxtasksperchild=0)
     p = make(1)
     with pytest.raises(ValueError):
-        p.imap(_mp_tasks.double, [1], chunksize=0)
+        p.imap(_tasks.double, [1], chunksize=0)
     with pytest.raises(NotImplementedError):
         pickle.dumps(p)
 
@@ -262,17 +263,17 @@ def test_close_finishes_accepted_work_and_join_waits_for_it(make: Make, tmp_path
     with pytest.raises(ValueError, match="still running"):
         p.join()
     gate = tmp_path / "open"
-    held = p.apply_async(_mp_tasks.gated_pid, (str(gate),))
-    later = [p.apply_async(_mp_tasks.pid) for _ in range(4)]
-    mapped = p.map_async(_mp_tasks.pid, range(8), chunksize=1)
+    held = p.apply_async(_tasks.gated_pid, (str(gate),))
+    later = [p.apply_async(_tasks.pid) for _ in range(4)]
+    mapped = p.map_async(_tasks.pid, range(8), chunksize=1)
     p.close()
     p.close()  # idempotent
     for call in (
-        lambda: p.apply_async(_mp_tasks.pid),
-        lambda: p.map(_mp_tasks.pid, [1]),
-        lambda: p.imap(_mp_tasks.pid, [1]),
-        lambda: p.map_async(_mp_tasks.pid, [1]),
-        lambda: p.starmap(_mp_tasks.add, [(1, 2)]),
+        lambda: p.apply_async(_tasks.pid),
+        lambda: p.map(_tasks.pid, [1]),
+        lambda: p.imap(_tasks.pid, [1]),
+        lambda: p.map_async(_tasks.pid, [1]),
+        lambda: p.starmap(_tasks.add, [(1, 2)]),
     ):
         with pytest.raises(ValueError, match="Pool not running"):
             call()
@@ -286,12 +287,12 @@ def test_close_finishes_accepted_work_and_join_waits_for_it(make: Make, tmp_path
 def test_terminate_stops_running_work(make: Make, tmp_path: Path) -> None:
     p = make(2)
     gate = tmp_path / "never-opened"
-    pids = set(p.map(_mp_tasks.pid, range(8), chunksize=1))
-    stuck = p.apply_async(_mp_tasks.gate, (str(gate),))
+    pids = set(p.map(_tasks.pid, range(8), chunksize=1))
+    stuck = p.apply_async(_tasks.gate, (str(gate),))
     p.terminate()
     assert gone(pids)
     with pytest.raises(ValueError, match="Pool not running"):
-        p.apply_async(_mp_tasks.pid)
+        p.apply_async(_tasks.pid)
     p.join()
     if is_fastpool(make):  # multiprocessing leaves `stuck` unfinished for ever
         with pytest.raises(fastpool.BrokenPool, match="terminated"):
@@ -300,10 +301,10 @@ def test_terminate_stops_running_work(make: Make, tmp_path: Path) -> None:
 
 def test_with_block_terminates_on_exit(make: Make) -> None:
     with make(2) as p:
-        pids = set(p.map(_mp_tasks.pid, range(8), chunksize=1))
+        pids = set(p.map(_tasks.pid, range(8), chunksize=1))
     assert gone(pids)
     with pytest.raises(ValueError, match="Pool not running"):
-        p.map(_mp_tasks.pid, [1])
+        p.map(_tasks.pid, [1])
 
 
 def test_methods_are_thread_safe(make: Make) -> None:
@@ -312,10 +313,10 @@ def test_methods_are_thread_safe(make: Make) -> None:
 
     def client(k: int) -> None:
         try:
-            rs = [p.apply_async(_mp_tasks.add, (k, i)) for i in range(20)]
+            rs = [p.apply_async(_tasks.add, (k, i)) for i in range(20)]
             assert [r.get(WAIT_S) for r in rs] == [k + i for i in range(20)]
-            assert p.map(_mp_tasks.double, range(k, k + 50)) == [2 * x for x in range(k, k + 50)]
-            assert list(p.imap(_mp_tasks.double, range(10))) == [2 * x for x in range(10)]
+            assert p.map(_tasks.double, range(k, k + 50)) == [2 * x for x in range(k, k + 50)]
+            assert list(p.imap(_tasks.double, range(10))) == [2 * x for x in range(10)]
         except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
             failures.append(exc)
 
@@ -332,20 +333,20 @@ def test_methods_are_thread_safe(make: Make) -> None:
 
 def test_a_dead_worker_fails_its_result_with_worker_crashed_and_the_pool_goes_on() -> None:
     with fastpool.mp.Pool(2) as p:
-        r = p.apply_async(_mp_tasks.sigkill_self)
+        r = p.apply_async(_faulty.sigkill_self)
         with pytest.raises(fastpool.WorkerCrashed, match="SIGKILL"):
             r.get(timeout=WAIT_S)
         assert not r.successful()
         with pytest.raises(fastpool.WorkerCrashed):
-            p.map(_mp_tasks.sigkill_at, [1, 2, 3], chunksize=1)
-        assert p.map(_mp_tasks.double, range(4)) == [0, 2, 4, 6]
+            p.map(_faulty.sigkill_at, [1, 2, 3], chunksize=1)
+        assert p.map(_tasks.double, range(4)) == [0, 2, 4, 6]
 
 
 def test_close_join_leaves_no_worker_and_no_shared_memory() -> None:
     shm0 = set(os.listdir("/dev/shm"))
     p = fastpool.mp.Pool(2)
     pids = set(p.fastpool.pids())
-    assert p.map(_mp_tasks.double, range(10)) == [2 * x for x in range(10)]
+    assert p.map(_tasks.double, range(10)) == [2 * x for x in range(10)]
     p.close()
     p.join()
     assert gone(pids)

@@ -9,7 +9,7 @@ worker reads it (tests/unit/test_ring_capacity.py has the ring-level case).
 
 from __future__ import annotations
 
-from _faulty import announce_then_gate, double
+from _tasks import announce_then_gate, double
 from _waiting import wait_for, wait_workers_ready
 
 import fastpool

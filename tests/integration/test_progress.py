@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import _tasks
-import _ux_tasks
 import pytest
 from _waiting import wait_for
 
@@ -74,7 +73,7 @@ def test_finished_items_count_before_the_consumer_reaches_them(
     gate = str(tmp_path / "gate")
     rec = Recorder()
     n = 2 * pool.workers + 2  # map's window: every chunk is submitted up front
-    results = pool.map(_ux_tasks.held_first, range(n), [gate] * n, chunksize=1, progress=rec)
+    results = pool.map(_tasks.held_first, range(n), [gate] * n, chunksize=1, progress=rec)
     # item 0 holds the head of an ordered map: nothing can be yielded yet, but the
     # others finish (all but those prefetched behind it on its worker) and count
     wait_for(
@@ -174,7 +173,7 @@ def test_progress_over_futures_counts_them_as_they_finish(
     pool: fastpool.Pool, tmp_path: Any
 ) -> None:
     started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
-    futures = [pool.submit(_ux_tasks.gated, "slow", started, gate)]
+    futures = [pool.submit(_tasks.gated, "slow", started, gate)]
     futures += [pool.submit(_tasks.double, i) for i in range(5)]
     rec = Recorder()
     wrapped = fastpool.progress(futures, kind=rec)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import _sci_tasks
+import _tasks
 import numpy as np
 import pytest
 
@@ -47,8 +47,8 @@ def test_differential_evolution_with_workers_pool_map_matches_workers_1(any_pool
         "polish": False,
         "updating": "deferred",
     }
-    serial = scipy_optimize.differential_evolution(_sci_tasks.rosen, workers=1, **kwargs)
-    pooled = scipy_optimize.differential_evolution(_sci_tasks.rosen, workers=any_pool.map, **kwargs)
+    serial = scipy_optimize.differential_evolution(_tasks.rosen, workers=1, **kwargs)
+    pooled = scipy_optimize.differential_evolution(_tasks.rosen, workers=any_pool.map, **kwargs)
     assert np.array_equal(pooled.x, serial.x)
     assert pooled.fun == serial.fun and pooled.nfev == serial.nfev
 
@@ -56,18 +56,18 @@ def test_differential_evolution_with_workers_pool_map_matches_workers_1(any_pool
 def test_brute_with_workers_pool_map_matches_workers_1(any_pool: Any) -> None:
     ranges = (slice(-2, 2, 0.25), slice(-2, 2, 0.25))
     serial = scipy_optimize.brute(
-        _sci_tasks.bumps, ranges, args=(2.0,), full_output=True, finish=None, workers=1
+        _tasks.bumps, ranges, args=(2.0,), full_output=True, finish=None, workers=1
     )
     pooled = scipy_optimize.brute(
-        _sci_tasks.bumps, ranges, args=(2.0,), full_output=True, finish=None, workers=any_pool.map
+        _tasks.bumps, ranges, args=(2.0,), full_output=True, finish=None, workers=any_pool.map
     )
     assert np.array_equal(pooled[0], serial[0]) and pooled[1] == serial[1]
     assert np.array_equal(pooled[3], serial[3])  # every grid value, in place
 
 
 def test_quad_vec_with_workers_pool_map_matches_workers_1(any_pool: Any) -> None:
-    serial, err1 = scipy_integrate.quad_vec(_sci_tasks.vector_integrand, 0, 2, workers=1)
-    pooled, err2 = scipy_integrate.quad_vec(_sci_tasks.vector_integrand, 0, 2, workers=any_pool.map)
+    serial, err1 = scipy_integrate.quad_vec(_tasks.vector_integrand, 0, 2, workers=1)
+    pooled, err2 = scipy_integrate.quad_vec(_tasks.vector_integrand, 0, 2, workers=any_pool.map)
     assert np.array_equal(pooled, serial) and err1 == err2
     assert np.allclose(pooled, 2.0 ** np.arange(1, 6) / np.arange(1, 6))
 
@@ -80,7 +80,7 @@ def test_emcee_accepts_the_pool_itself_and_samples_the_same_chain(any_pool: Any)
 
     def run(pool: Any) -> Any:
         sampler = emcee.EnsembleSampler(
-            nwalkers, ndim, _sci_tasks.log_prob_gauss, args=[ivar], pool=pool
+            nwalkers, ndim, _tasks.log_prob_gauss, args=[ivar], pool=pool
         )
         sampler.random_state = np.random.RandomState(11).get_state()
         sampler.run_mcmc(p0, 30, progress=False)
@@ -94,5 +94,5 @@ def test_emcee_accepts_the_pool_itself_and_samples_the_same_chain(any_pool: Any)
 def test_a_failing_objective_raises_its_own_exception_through_scipy(any_pool: Any) -> None:
     with pytest.raises(ValueError, match="negative"):
         scipy_optimize.brute(
-            _sci_tasks.fails_below_zero, (slice(-1, 1, 0.5),), finish=None, workers=any_pool.map
+            _tasks.fails_below_zero, (slice(-1, 1, 0.5),), finish=None, workers=any_pool.map
         )

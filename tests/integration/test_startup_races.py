@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+import _faulty
 import _tasks
 import pytest
 from conftest import make_pool
@@ -101,7 +102,7 @@ def test_the_death_of_a_worker_ready_before_its_pid_is_known_is_still_noticed(
         finally:
             held_pid.release()
         assert held_pid.delivered.wait(RESULT_S)  # now the pid message reaches the supervisor
-        doomed = pool.submit(_tasks.sigkill_self)
+        doomed = pool.submit(_faulty.sigkill_self)
         with pytest.raises(fastpool.WorkerCrashed):
             doomed.result(timeout=RESULT_S)
         assert pool.submit(_tasks.add, 2, 2).result(timeout=RESULT_S) == 4  # replaced

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import _arrays
+import _tasks
 import numpy as np
 import pytest
 from _waiting import wait_workers_ready
@@ -53,7 +54,7 @@ def test_a_plain_large_array_goes_through_shared_memory_both_ways(pool):
     arr = np.arange(1 << 20, dtype=np.float64)  # 8 MiB: over any ring record if pickled inline
     assert _call_size(pool, arr) < 1024
     assert pool.submit(_arrays.info, arr).result(timeout=RESULT_S)["shared"]
-    out = pool.submit(_arrays.double, arr).result(timeout=RESULT_S)
+    out = pool.submit(_tasks.double, arr).result(timeout=RESULT_S)
     assert np.array_equal(out, arr * 2)
     assert _codec._block_of(out) is not None  # the result arrived as a shared block, not bytes
     del out  # the last reference to the result's block: the block goes back to the arena
@@ -63,7 +64,7 @@ def test_a_plain_large_array_goes_through_shared_memory_both_ways(pool):
 def test_blocks_of_settled_calls_are_released(pool):
     arr = np.ones(1 << 18)
     for _ in range(3):
-        out = pool.submit(_arrays.double, arr).result(timeout=RESULT_S)
+        out = pool.submit(_tasks.double, arr).result(timeout=RESULT_S)
         del out
     assert pool._arena.usage()["live_blocks"] == 0  # no pin, no handoff reference leaked
 

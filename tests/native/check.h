@@ -11,10 +11,29 @@
 #ifndef FP_TEST_CHECK_H
 #define FP_TEST_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+/* Sleeps ns on CLOCK_MONOTONIC's scale, resuming after a signal. */
+static inline void sleep_ns(int64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* splitmix64: a seed or a position to 64 well-mixed bits (fills, lengths, seeds). */
+static inline uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
 
 #define CHECK_FAIL_()                                                                                        \
     do {                                                                                                     \

@@ -15,21 +15,6 @@
 #define MS 1000000LL
 #define GUARD (16ull << 20) /* PROT_NONE after every board: a read past the end faults, sanitizer or not */
 
-static void sleep_ns(int64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 /* A zero-filled shared mapping, as the memfd gives the pool, followed by an
  * inaccessible guard region. */
 static fp_board_t *board_map(uint32_t nslots, uint64_t cap, uint64_t *size)

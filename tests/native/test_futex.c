@@ -12,13 +12,6 @@
 
 #define MS 1000000LL
 
-static void sleep_ns(int64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 /* Spins (bounded) until *word == want: a thread has registered or parked. */
 static void await32(fp_a32 *word, uint32_t want)
 {

@@ -45,14 +45,6 @@ static void ring_reset(tring_t *t)
     t->cons.pos = 0;
 }
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 static unsigned char payload_byte(uint64_t seed, uint64_t i)
 {
     return (unsigned char)((splitmix64(seed) >> ((i & 7u) * 8u)) + (i >> 3));

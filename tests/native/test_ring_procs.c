@@ -35,13 +35,6 @@ static fp_board_t *board;
 static uint64_t board_bytes;
 static ctl_t *ctl;
 
-static void sleep_ns(int64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 static void setup(void)
 {
     board_bytes = fp_board_size(1, CAP);
@@ -79,14 +72,6 @@ static fp_ringv_t parent_view(void)
     fp_ringv_t v;
     CHECK_EQ(fp_ringv_init(&v, ring(), CAP, 0), FP_OK);
     return v;
-}
-
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
 }
 
 /* Mostly small records, some empty, a few at the ring's limit. */

@@ -156,8 +156,12 @@ _FIRST_POOL = """
         assert pool.submit(_tasks.double, 21).result(timeout=60) == 42
         # until a memory tick has sampled the worker and read the available memory
         # (tests/_waiting.py's wait_for, inline: that module imports psutil)
+        def sampled():
+            stats = pool.stats()
+            return stats["workers"][0]["rss_bytes"] and stats["available_memory_bytes"]
+
         deadline = time.monotonic() + 30
-        while not (pool.stats()["workers"][0]["rss_bytes"] and pool.stats()["available_memory_bytes"]):
+        while not sampled():
             assert time.monotonic() < deadline, f"no memory sample within 30 s: {pool.stats()}"
             time.sleep(0.005)
 """

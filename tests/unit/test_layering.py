@@ -293,7 +293,7 @@ _IMPORT_START = re.compile(r"^\s*(from\s|c?import\s)")
 
 
 def _logical_lines(text: str):
-    """Source lines with comments cut, and an import's parenthesised or continued name list joined."""
+    """Source lines with comments cut; an import's parenthesised or continued names joined."""
     lines = iter(text.splitlines())
     for line in lines:
         line = line.split("#", 1)[0].rstrip()

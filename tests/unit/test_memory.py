@@ -1,4 +1,5 @@
-"""Claims about memory sampling and OOM-kill evidence, against this process, fake /proc and fake cgroup trees."""
+"""Claims about memory sampling and OOM-kill evidence, against this process, fake /proc
+and fake cgroup trees."""
 
 from __future__ import annotations
 

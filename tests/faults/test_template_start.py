@@ -1,5 +1,7 @@
-"""A template forked from a parent that imported NumPy: when it is safe, what it
-inherits, and what it must not do again.
+"""How the template starts: forked when that is safe (a parent that imported NumPy,
+whose only other threads are OpenBLAS's), spawned otherwise (a big parent, a native
+thread, or FASTPOOL_TEMPLATE_START=spawn); what a forked one inherits, and what it
+must not do again.
 
 Each test runs a script in a fresh interpreter: the fork decision depends on the
 threads of the process that makes the first pool, and pytest's own process runs
@@ -42,7 +44,7 @@ _BLAS_THREADS = """
     import os, sys, threading
     sys.path.insert(0, TESTS_DIR)
     import numpy as np
-    import fastpool, _tasks, _template_tasks
+    import fastpool, _tasks
     from fastpool._runtime import _forksafe, _template
 
     def thread_names():
@@ -57,12 +59,14 @@ _BLAS_THREADS = """
         a @ a  # OpenBLAS's pool has run a job
         before = _forksafe.os_threads()
         from threadpoolctl import threadpool_info
-        blas = [(i["internal_api"], i["threading_layer"], i["num_threads"]) for i in threadpool_info()]
+        blas = [
+            (i["internal_api"], i["threading_layer"], i["num_threads"]) for i in threadpool_info()
+        ]
         assert threading.active_count() == 1
         print("before", before, blas, thread_names(), file=sys.stderr)
         with fastpool.Pool(2) as p:
             assert p.submit(_tasks.add, 1, 2).result(timeout=60) == 3
-            assert p.submit(_template_tasks.blas_matmul, 300).result(timeout=60) == 300.0
+            assert p.submit(_tasks.blas_matmul, 300).result(timeout=60) == 300.0
             t = _template.template()
             kind, tpid = type(t._proc).__name__, t.pid
             assert p.map(_tasks.double, range(8)) is not None
@@ -151,7 +155,7 @@ _INHERITED_LOG = """
     import logging, os, sys
     sys.path.insert(0, TESTS_DIR)
     import numpy as np
-    import fastpool, _tasks, _template_tasks
+    import fastpool, _tasks
     from fastpool._runtime import _template
 
     if __name__ == "__main__":
@@ -166,8 +170,8 @@ _INHERITED_LOG = """
         with fastpool.Pool(1) as p:
             assert type(_template.template()._proc).__name__ == "_ForkedProcess"
             for _ in range(5):
-                p.submit(_template_tasks.log_lines, 50).result(timeout=60)
-            assert p.submit(_template_tasks.root_handler_count).result(timeout=60) == 0
+                p.submit(_tasks.log_lines, 50).result(timeout=60)
+            assert p.submit(_tasks.root_handler_count).result(timeout=60) == 0
             big = np.arange(1 << 16, dtype=np.float64)  # travels through the arena
             for i in range(50):
                 assert p.submit(_tasks.add, i, 1).result(timeout=60) == i + 1
@@ -189,3 +193,49 @@ def test_a_task_logging_through_a_handler_inherited_by_a_forked_template_leaves_
             "before the pool",
             "after the pool",
         ]
+
+
+_START = """
+    import os, sys
+    sys.path.insert(0, TESTS_DIR)
+    import fastpool, _tasks
+    from fastpool._runtime import _template
+    if __name__ == "__main__":
+        import numpy as np
+        ballast = np.ones(int(os.environ["BALLAST_MIB"]) * 2**17)  # a big parent is not forked
+        if os.environ.get("NATIVE_THREAD") == "1":
+            import faulthandler
+            faulthandler.dump_traceback_later(600)  # a C thread that threading does not list
+        r, w = os.pipe()  # opened before the template: it must not keep w open
+        with fastpool.Pool(2) as p:
+            assert sorted(p.map(_tasks.double, range(10))) == [2 * i for i in range(10)]
+            tpid = _template.template().pid
+            os.close(w)
+            assert os.read(r, 1) == b"", "the template holds the parent's pipe open"
+            kind = type(_template.template()._proc).__name__
+        print(kind, tpid != os.getpid(), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "method, ballast_mib, native_thread, proc_type",
+    [
+        ("", 0, False, "_ForkedProcess"),
+        ("spawn", 0, False, "Popen"),
+        ("", 400, False, "Popen"),  # a big parent would be pinned by a forked template
+        ("", 0, True, "Popen"),  # forking beside a native thread is unsafe (CPython 3.12+ warns)
+    ],
+)
+def test_template_start_methods(tmp_path, method, ballast_mib, native_thread, proc_type):
+    # one BLAS thread: the parent then runs no native thread, and forking it is safe
+    out = _run(
+        tmp_path,
+        _START,
+        FASTPOOL_TEMPLATE_START=method,
+        BALLAST_MIB=str(ballast_mib),
+        OPENBLAS_NUM_THREADS="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        NATIVE_THREAD="1" if native_thread else "0",
+    )
+    assert out.stdout.split() == [proc_type, "True"]

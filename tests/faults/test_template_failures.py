@@ -1,6 +1,9 @@
-"""A template that cannot fork a worker, or cannot open its pidfd, says so and lives on.
+"""When the template fails, the pool says so and goes on: a template killed (its
+workers' tasks fail at once and a new template serves), one whose creating thread
+exits (it lives on), one that cannot fork a worker or cannot open its pidfd (it says
+so and lives on).
 
-These talk to the template at its protocol level (connect, send "spawn", read the
+The last two talk to the template at its protocol level (connect, send "spawn", read the
 reply): what the pool does with ("spawn-failed", req, errno, text) is the
 supervisor's business (a failed start of that slot: backoff, then the breaker).
 The limits are real: a pids cgroup the template is moved into (fork() fails with
@@ -13,20 +16,69 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
 import _tasks
 import psutil
 import pytest
+from _waiting import running, wait_for
 
 import fastpool
+from fastpool import WorkerCrashed
 from fastpool._native._core import Board
 from fastpool._runtime import _template
 
 pytestmark = [pytest.mark.faults, pytest.mark.linux]
 
 REPLY_TIMEOUT_S = 30.0
+
+
+def test_pool_created_in_a_thread_that_exits_keeps_working():
+    fastpool.shutdown_template()  # the next pool starts a template from the thread below
+    box = {}
+
+    def make():
+        box["pool"] = fastpool.Pool(1, backoff_base_s=0.01)
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    p = box["pool"]
+    try:
+        tpid = _template.template().pid
+        # PR_SET_PDEATHSIG fires when the creating *thread* exits, and the kernel sends
+        # it before the thread leaves /proc/self/task: once it has left, a template
+        # tied to it has been sent its SIGKILL.
+        wait_for(
+            lambda: str(t.native_id) not in os.listdir("/proc/self/task"),
+            what="the creating thread to exit",
+        )
+        assert p.submit(_tasks.double, 5).result(timeout=30) == 10
+        assert _template.template().pid == tpid and running(tpid)
+        assert p.stats()["crashed"] == 0
+    finally:
+        p.shutdown()
+
+
+def test_killed_template_fails_its_workers_tasks_at_once_and_the_pool_goes_on(tmp_path):
+    started = tmp_path / "started"
+    with fastpool.Pool(2, backoff_base_s=0.01) as p:
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
+        busy = p.submit(_tasks.touch_then_sleep, str(started), 1, 30)
+        wait_for(started.exists, what="the task to start")
+        old = _template.template().pid
+        t0 = time.monotonic()
+        os.kill(old, signal.SIGKILL)  # both workers die with it
+        with pytest.raises(WorkerCrashed) as info:
+            busy.result(timeout=30)
+        assert info.value.exitcode == -signal.SIGKILL
+        assert time.monotonic() - t0 < 1.0  # no 1 s wait per worker for a status that cannot come
+        assert [p.submit(_tasks.double, i).result(timeout=30) for i in range(4)] == [0, 2, 4, 6]
+        assert _template.template().pid not in (None, old)
 
 
 def _pids_hierarchy() -> Path | None:

@@ -72,7 +72,7 @@ def test_scribbling_over_shared_words_costs_only_its_worker(target: str) -> None
             # The header only matters to a worker that attaches: kill both workers, so
             # their replacements attach over whatever the scribbler left there.
             for _ in range(2):
-                doomed = pool.submit(_tasks.sigkill_self)
+                doomed = pool.submit(_faulty.sigkill_self)
                 with pytest.raises(fastpool.WorkerCrashed):
                     doomed.result(timeout=SETTLE_S)
             _still_serves(pool)
