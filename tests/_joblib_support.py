@@ -11,14 +11,21 @@ LEAK_GRACE_S = 5.0
 
 
 def workers_alive() -> set[int]:
-    """This process's descendants, less fastpool's template (it lives as long as we do)."""
+    """fastpool's live worker processes: the children of this process's template.
+
+    Only the template's children are counted: other tests in the same session may leave
+    processes of their own (multiprocessing's forkserver lives until the interpreter
+    exits), and the package fixture that asks is torn down when the session ends."""
     from fastpool._runtime import _template
 
-    keep = {_template.template().pid}
     out = set()
-    for p in psutil.Process().children(recursive=True):
+    try:
+        children = psutil.Process(_template.template().pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return out
+    for p in children:
         try:
-            if p.pid not in keep and p.status() != psutil.STATUS_ZOMBIE:
+            if p.status() != psutil.STATUS_ZOMBIE:
                 out.add(p.pid)
         except psutil.NoSuchProcess:
             pass
