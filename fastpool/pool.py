@@ -53,7 +53,7 @@ from fastpool import errors, telemetry
 from fastpool._integrations import _progress
 from fastpool._native import _arena
 from fastpool._native._core import Board, check_ring_bytes
-from fastpool._runtime import _call, _codec, _control, _dispatch, _template
+from fastpool._runtime import _arrays, _call, _codec, _control, _dispatch, _template
 from fastpool._runtime._call import ChunkFailure, TaskFunction
 from fastpool._supervision import _policy, _sizing
 from fastpool._supervision._supervisor import DEFAULT_START_TIMEOUT_S, STOP_GRACE_S, Supervisor
@@ -953,8 +953,7 @@ class _Chunks:
 
 
 def _is_ndarray(x: Any) -> bool:
-    nd = _codec._np_ndarray()
-    return nd is not None and type(x) is nd and x.ndim >= 1
+    return _arrays.is_ndarray(x)
 
 
 class _Feeder:

@@ -311,12 +311,12 @@ def unknown_array_reply(task_id, nbytes):
     this worker never got (the parent drops it as unknown, unread)."""
     import numpy as np
 
-    from fastpool._runtime import _call, _codec
+    from fastpool._runtime import _arrays, _call, _codec
 
     board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
-    return board.push_result(
-        slot, _codec.R_OK, task_id, 0, _codec.encode_result(np.ones(nbytes // 8))
-    )
+    payload, handed = _arrays.encode_result(np.ones(nbytes // 8))
+    aux_handoffs = 1 << 62  # FP_AUX_HANDOFFS (csrc/fp_proto.h): the payload ends with its trailer
+    return board.push_result(slot, _codec.R_OK, task_id, aux_handoffs, payload)
 
 
 def unrebuildable_then_array(nbytes):

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from fastpool._native import _alloc, _arena
-from fastpool._runtime import _codec
+from fastpool._runtime import _arrays
 
 KEPT: list = []
 
 
 def _where(arr: np.ndarray) -> int:
-    return _arena.address_of(arr) - _codec._PROCESS_ARENA[0].base_address
+    return _arena.address_of(arr) - _arrays.process_arena().base_address
 
 
 def double(arr: np.ndarray) -> tuple[np.ndarray, int]:
@@ -92,8 +92,8 @@ def fork_then_report(arr: np.ndarray) -> dict:
     if pid == 0:  # pragma: no cover - reported through the pipe
         try:
             big = np.ones(4 << 20)
-            inside = _arena.address_of(big) - _codec._PROCESS_ARENA[0].base_address
-            region = _codec._PROCESS_ARENA[0]
+            inside = _arena.address_of(big) - _arrays.process_arena().base_address
+            region = _arrays.process_arena()
             lo = region.regions_offset + region.proc * region.region_bytes
             del mine, big
             os.write(w, b"0" if lo <= inside < lo + region.region_bytes else b"1")

@@ -184,8 +184,8 @@ def scribble_arena_top() -> Any:
 
     import numpy as np
 
-    from fastpool._runtime import _codec
+    from fastpool._runtime import _arrays
 
-    arena = _codec._PROCESS_ARENA[0]
+    arena = _arrays.process_arena()
     ctypes.c_uint64.from_address(arena.base_address + 128 + 8 * arena.proc).value = 2**64 - 4096
     return np.ones(1 << 18)

@@ -60,10 +60,13 @@ from fastpool._native._shm cimport FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create
 # Detaching an ndarray in place (fastpool.transfer): NumPy has no API to take
 # the memory away from an array object, so this writes its fields: every
 # dimension becomes 0, data points at a static zeroed buffer, WRITEABLE is
-# cleared, the base (the Block, hence this process's reference) is dropped,
-# and the object's type becomes DetachedArray, whose methods raise.  Any path
-# DetachedArray does not cover sees a zero-length read-only array: never the
-# bytes the task now owns.
+# cleared, and the object's type becomes DetachedArray, whose methods raise.
+# Any path DetachedArray does not cover sees a zero-length read-only array.
+# The base (the Block, hence this process's reference) stays until the object
+# goes: a memoryview or np.frombuffer taken from it before the transfer holds
+# the object, not the Block, and still points at the block's bytes; dropping
+# the Block here let the block be reused (or unmapped) under those views
+# (issue 15, section 4).
 cdef extern from *:
     """
     #include <numpy/ndarraytypes.h>
@@ -71,7 +74,6 @@ cdef extern from *:
     static int fp_detach_array(PyObject *arr, PyObject *newtype)
     {
         PyArrayObject_fields *f = (PyArrayObject_fields *)arr;
-        PyObject *old_base = f->base;
         PyTypeObject *old_type = Py_TYPE(arr);
         if (f->nd < 1 || (f->flags & NPY_ARRAY_OWNDATA))
             return -1;
@@ -79,7 +81,6 @@ cdef extern from *:
             f->dimensions[i] = 0;
         f->data = fp_detached_data;
         f->flags &= ~NPY_ARRAY_WRITEABLE;
-        f->base = NULL;
         PyTypeObject *nt = (PyTypeObject *)newtype;
         if (nt->tp_basicsize == old_type->tp_basicsize &&
             (nt->tp_flags & Py_TPFLAGS_HAVE_GC) == (old_type->tp_flags & Py_TPFLAGS_HAVE_GC)) {
@@ -88,7 +89,6 @@ cdef extern from *:
             if (old_type->tp_flags & Py_TPFLAGS_HEAPTYPE)
                 Py_DECREF(old_type);
         }
-        Py_XDECREF(old_base);
         return 0;
     }
     /* A class statement gives its instances a GC header, which an ndarray
@@ -113,8 +113,6 @@ cdef extern from *:
     static size_t fp_array_address(PyObject *arr) { return (size_t)((PyArrayObject_fields *)arr)->data; }
     """
     size_t fp_array_address(object arr)
-
-DEF MADV_POPULATE_WRITE = 23
 
 PARENT = 0
 ARENA_MIN_BYTES = 1 << 20
@@ -158,11 +156,34 @@ cdef str _mib(uint64_t n):
     return f"{n / 1048576.0:.1f} MiB"
 
 
-cdef object _damage_error(const fp_arena_damage_t *d, uint32_t nprocs):
+cdef object _status_error(Arena a, int rc, const fp_arena_damage_t *d, uint64_t nbytes,
+                          uint64_t off, bint held):
+    # The one place an fp_arena_* status becomes an exception (None for FP_OK).
+    # held: this process holds a Block on off, so a changed generation is damage
+    # rather than a descriptor that outlived its block.
+    if rc == FP_OK:
+        return None
+    if rc == FP_NOSPACE:
+        return a._nospace(nbytes, "")
+    if rc == FP_STALE and held:
+        return errors.SegmentCorrupt(f"shared block at {off} changed generation while referenced")
+    if rc == FP_STALE:
+        return errors.SharedMemoryError(
+            f"shared block at {off} was reused before this descriptor was read (fastpool bug)")
+    if rc == FP_ERRNO:
+        return OSError(errno, os.strerror(errno))
     text = fp_arena_damage_text(d.why).decode()
-    if d.region >= nprocs:
+    if d.region >= a._v.nprocs:
         return errors.SegmentCorrupt(f"no shared block at arena offset {d.at}: {text} (read {d.value})")
     return errors.RegionCorrupt(d.region, f"{text} (read {d.value})", d.at)
+
+
+cdef int check(Arena a, int rc, const fp_arena_damage_t *d, uint64_t nbytes=0, uint64_t off=0,
+               bint held=False) except -1:
+    """Raises the exception for status rc of an fp_arena_* function (see _status_error)."""
+    if rc == FP_OK:
+        return 0
+    raise _status_error(a, rc, d, nbytes, off, held)
 
 
 def geometry(nworkers, budget):
@@ -419,11 +440,8 @@ cdef class Arena:
         cdef fp_arena_damage_t d
         cdef Block blk
         cdef uint64_t fresh_len = 0
-        cdef int rc = fp_arena_alloc(&self._v, self.proc, nbytes, &b, &fresh_len, &self._own_top, &d)
-        if rc == FP_NOSPACE:
-            raise self._nospace(nbytes, "")
-        if rc != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        check(self, fp_arena_alloc(&self._v, self.proc, nbytes, &b, &fresh_len, &self._own_top, &d),
+              &d, nbytes)
         if fresh_len:
             try:
                 self._commit(b.off, fresh_len, nbytes)
@@ -476,12 +494,7 @@ cdef class Arena:
         self._usable()
         cdef fp_arena_blk_t b
         cdef fp_arena_damage_t d
-        cdef int rc = fp_arena_ref(&self._v, self.proc, off, gen, &b, &d)
-        if rc == FP_STALE:
-            raise errors.SharedMemoryError(
-                f"shared block at {off} was reused before this descriptor was read (fastpool bug)")
-        if rc != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        check(self, fp_arena_ref(&self._v, self.proc, off, gen, &b, &d), &d, 0, off)
         self._saw(&b)
         return self._block(&b, readonly)
 
@@ -503,11 +516,7 @@ cdef class Arena:
         self._usable()
         cdef fp_arena_blk_t b
         cdef fp_arena_damage_t d
-        cdef int rc = fp_arena_ref(&self._v, self.proc, blk.off, blk.gen, &b, &d)
-        if rc == FP_STALE:
-            raise errors.SegmentCorrupt(f"shared block at {blk.off} changed generation while referenced")
-        if rc != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        check(self, fp_arena_ref(&self._v, self.proc, blk.off, blk.gen, &b, &d), &d, 0, blk.off, True)
 
     def unref_for(self, uint32_t proc, uint64_t off):
         """Drops one reference of process proc; an offset that is no block header is ignored."""
@@ -546,8 +555,7 @@ cdef class Arena:
         # _alloc, up to half the budget) until the pool closes, unless given back
         # now: with the owner dead, no process can claim a block of its region.
         self._punch_free_region(slot + 1)
-        if rc != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        check(self, rc, &d)
         return held
 
     def check_region(self, uint32_t region):
@@ -558,8 +566,8 @@ cdef class Arena:
         cdef fp_arena_damage_t d
         if region >= self._v.nprocs:
             raise ValueError(f"the arena has regions 0 to {self._v.nprocs - 1}, not {region}")
-        if self._v.base != NULL and fp_arena_check_region(&self._v, region, &n, &d) != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        if self._v.base != NULL:
+            check(self, fp_arena_check_region(&self._v, region, &n, &d), &d)
         return n
 
     def corrupt_regions(self):
@@ -567,12 +575,14 @@ cdef class Arena:
         cdef uint64_t n = 0
         cdef fp_arena_damage_t d
         cdef uint32_t r
+        cdef int rc
         found = {}
         if self._v.base == NULL:
             return found
         for r in range(self._v.nprocs):
-            if fp_arena_check_region(&self._v, r, &n, &d) != FP_OK:
-                found[r] = _damage_error(&d, self._v.nprocs)
+            rc = fp_arena_check_region(&self._v, r, &n, &d)
+            if rc != FP_OK:
+                found[r] = _status_error(self, rc, &d, 0, 0, False)
         return found
 
     def reset_region(self, uint32_t region):
@@ -601,10 +611,12 @@ cdef class Arena:
     def _usage(self, bint strict):
         cdef uint64_t live = 0, idle = 0, nlive = 0
         cdef fp_arena_damage_t d
+        cdef int rc
         if self._v.base == NULL:
             return dict(live_bytes=0, free_bytes=0, live_blocks=0, budget_bytes=0, unused_bytes=0)
-        if fp_arena_usage(&self._v, &live, &idle, &nlive, &d) != FP_OK and strict:
-            raise _damage_error(&d, self._v.nprocs)
+        rc = fp_arena_usage(&self._v, &live, &idle, &nlive, &d)
+        if strict:
+            check(self, rc, &d)
         budget = self._v.budget
         return dict(live_bytes=live, free_bytes=idle, live_blocks=nlive, budget_bytes=budget,
                     unused_bytes=max(0, budget - live - idle))
@@ -688,39 +700,6 @@ def detach(arr, newtype):
     """Takes the memory away from ndarray arr in place (see fp_detach_array)."""
     if fp_detach_array(arr, newtype) != 0:
         raise TypeError("only views of shared memory with at least one dimension can be transferred")
-
-
-_handoffs_taken = None  # while the parent decodes a result: the handoffs rebuild() took back
-
-
-def log_handoffs(taken):
-    """While taken is a list, rebuild() appends each handoff it takes back to it
-    (the parent's driver thread, around one result's decoding; None to stop)."""
-    global _handoffs_taken
-    _handoffs_taken = taken
-
-
-def rebuild(uint64_t token, uint64_t off, uint64_t gen, Py_ssize_t byte_off, dtype, shape, strides,
-            bint readonly, int src):
-    """Unpickles a descriptor (see _codec): a view of the block from this process's mapping.
-
-    src >= 0: the sender (a worker) added a reference for the trip; it is dropped
-    now that this process holds its own."""
-    arena = lookup(token)
-    if arena is None:
-        raise errors.SharedMemoryError(
-            "this array lives in the shared memory of a pool that is shut down, or of another pool "
-            "than the one this process serves; pass it by value (np.array(arr)) instead")
-    blk = (<Arena>arena).ref(off, gen, readonly)
-    if src >= 0:
-        (<Arena>arena).unref_for(<uint32_t>src, off)
-        if _handoffs_taken is not None:
-            _handoffs_taken.append(off)
-    import numpy
-    arr = numpy.ndarray(shape, dtype, buffer=blk, offset=byte_off, strides=strides)
-    if readonly:
-        arr.flags.writeable = False
-    return arr
 
 
 def new_array(Arena arena, shape, dtype, order="C", bint zero=False):

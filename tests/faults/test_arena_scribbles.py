@@ -188,8 +188,10 @@ def test_the_size_that_looped_reclaim_for_ever_is_reported_at_once():
 WRITER = r"""
 import ctypes, sys
 from fastpool._native import _arena
+from fastpool._runtime import _arrays
 a = _arena.Arena.attach(int(sys.argv[1]), 1)
-arr = _arena.rebuild(a.token, int(sys.argv[2]), int(sys.argv[3]), 0, "f8", (1000,), (8,), sys.argv[4] == "ro", -1)
+off, gen, ro = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "ro"
+arr = _arrays.rebuild(*_arrays.Descriptor(a.token, off, gen, 0, "f8", (1000,), (8,), ro))
 print("mapped", flush=True)
 ctypes.memset(arr.ctypes.data, 0x7f, 8000)
 print("wrote", flush=True)

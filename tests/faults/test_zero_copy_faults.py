@@ -25,7 +25,7 @@ def _wait_ready(pool: fastpool.Pool) -> None:
 def test_a_sigkilled_worker_holding_views_gives_its_references_back():
     with make_pool(1, backoff_base_s=0.01) as p:
         arr = p.zeros(1 << 20)
-        blk = fastpool._runtime._codec._block_of(arr)
+        blk = fastpool._runtime._arrays._block_of(arr)
         with pytest.raises(fastpool.WorkerCrashed):
             p.submit(_arrays.hold_then_die, arr).result(timeout=RESULT_S)
         assert p._arena.count(1, blk.off) == 0  # slot 0's counter zeroed by the parent
@@ -33,7 +33,7 @@ def test_a_sigkilled_worker_holding_views_gives_its_references_back():
         del arr, blk
         assert p._arena.is_free(off)  # no process holds it: free and reusable
         again = p.zeros(1 << 20)
-        assert fastpool._runtime._codec._block_of(again).off == off
+        assert fastpool._runtime._arrays._block_of(again).off == off
         _wait_ready(p)
         assert p.submit(_arrays.total, again + 1).result(timeout=RESULT_S) == 1 << 20
 
@@ -59,5 +59,5 @@ def test_a_worker_killed_while_its_results_are_live_leaves_them_valid():
         with pytest.raises(fastpool.WorkerCrashed):
             p.submit(_arrays.die, None).result(timeout=RESULT_S)
         assert (out == 2.0).all()  # the block lives in the dead worker's region, held by the parent
-        blk = fastpool._runtime._codec._block_of(out)
+        blk = fastpool._runtime._arrays._block_of(out)
         assert p._arena.count(0, blk.off) >= 1 and p._arena.count(1, blk.off) == 0
