@@ -103,6 +103,19 @@ def _shutdown_all_at_exit() -> None:
 atexit.register(_shutdown_all_at_exit)
 
 
+def _disown_after_fork() -> None:
+    # A forked child inherits every pool's objects but none of its threads, and the
+    # workers are the parent's: the child must never stop, signal or kill them, write
+    # the board, or unmap what they use (issue 15, section 4).  Its atexit hook then
+    # finds no pool, and its finalisers find closed, disowned ones.
+    for rt in list(_live):
+        rt.disown()
+    _live.clear()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)
+
+
 class _Runtime:
     """A pool's running parts and their life: threads, teardown.  Holds no Pool."""
 
@@ -112,6 +125,7 @@ class _Runtime:
         self.board, self.arena, self.disp, self.sup, self.tel = board, arena, disp, sup, tel
         self.lock = threading.Lock()
         self.stopping = False
+        self.disowned = False  # a forked child's copy of the parent's pool: never touched
         self.torn_down = threading.Event()
         self.handoff = threading.Event()
         self.supervisor_thread = threading.Thread(
@@ -138,7 +152,16 @@ class _Runtime:
         if not self.torn_down.is_set():
             self.teardown()
 
+    def disown(self) -> None:
+        """In a forked child: closed for submits, and every teardown path a no-op."""
+        self.disowned = self.stopping = True
+        self.torn_down.set()
+        self.disp.close()
+        self.board.disown()  # the arena disowns itself (fastpool/_native/_arena.pyx)
+
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        if self.disowned:
+            return
         self.disp.close()
         if cancel_futures:
             self.disp.cancel_queued()
@@ -155,6 +178,8 @@ class _Runtime:
 
     def interrupt(self) -> None:
         """Ctrl-C: cancel the queue, interrupt running tasks, tear down within ~1 s."""
+        if self.disowned:
+            return
         self.disp.close()
         self.disp.cancel_queued()
         self.sup.interrupt_running()

@@ -110,3 +110,27 @@ def fork_then_report(arr: np.ndarray) -> dict:
         "live_after": _alloc.stats()["live"],
         "intact": ok,
     }
+
+
+def fork_writes_stay_in_the_child(n: int) -> dict[str, Any]:
+    """Makes a hook array (in this worker's arena region) and a shared argument-like
+    block, forks, lets the child write both, and reports what this worker sees after."""
+    mine = np.ones(n)  # NumPy's allocator hook: a block of this worker's region
+    in_arena = (
+        _where(mine) >= 0
+        and _where(mine)
+        < _arrays.process_arena().nprocs * (_arrays.process_arena().region_bytes)
+        + _arrays.process_arena().regions_offset
+    )
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            mine[:] = 9.0
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return dict(
+        in_arena=in_arena, child_ok=os.waitstatus_to_exitcode(status) == 0, seen=float(mine.sum())
+    )

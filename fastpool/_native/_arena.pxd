@@ -80,6 +80,7 @@ cdef class Arena:
     cdef Py_ssize_t _blocks      # live Block objects: the mapping outlives close() while any exists
     cdef object __weakref__
 
+    cdef _disown(self)
     cdef _punch_free(self)
     cdef _punch_free_region(self, uint32_t r)
     cdef _maybe_unmap(self)

@@ -55,7 +55,9 @@ from fastpool._native._sys cimport (
     EINVAL, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FP_CORRUPT, FP_ERRNO, FP_OK, PROT_READ, PROT_WRITE,
     close, errno, fallocate, madvise, munmap,
 )
-from fastpool._native._shm cimport FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map
+from fastpool._native._shm cimport (
+    FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map, fp_shm_privatise,
+)
 
 # Detaching an ndarray in place (fastpool.transfer): NumPy has no API to take
 # the memory away from an array object, so this writes its fields: every
@@ -336,6 +338,23 @@ cdef class Arena:
                 self._punch_free()
             close(self._fd)
             self._fd = -1
+        self._maybe_unmap()
+
+    cdef _disown(self):
+        # In a forked child: the mapping becomes private in place, so arrays the
+        # child inherited (pool.empty's, results, a worker's NumPy-hook arrays) are
+        # ordinary copy-on-write memory there, and nothing the child writes (data,
+        # counts in block headers) reaches the pool's other processes.  No pages are
+        # punched and no counts dropped: the segment is the parent's.  If the kernel
+        # refuses the private mapping the shared one stays (and the arena is closed).
+        if self._fd >= 0:
+            if self._v.base != NULL:
+                fp_shm_privatise(self._fd, self._v.base, self._v.total_size, PROT_READ | PROT_WRITE)
+            if self._ro != NULL:
+                fp_shm_privatise(self._fd, self._ro, self._v.total_size, PROT_READ)
+            close(self._fd)
+            self._fd = -1
+        self.closed = True
         self._maybe_unmap()
 
     cdef _punch_free(self):
@@ -689,6 +708,18 @@ cdef class Block:
                     a._held[i] -= 1
             a._blocks -= 1
             a._maybe_unmap()
+
+
+def _disown_after_fork():
+    # os.register_at_fork(after_in_child=...): the child runs one thread, this one.
+    arenas = [ref() for ref in _registry.values()]
+    _registry.clear()
+    for arena in arenas:
+        if arena is not None:
+            (<Arena>arena)._disown()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)
 
 
 def plain_instances(newtype):
