@@ -153,7 +153,8 @@ def scribble(target, value, hold_s=0.0):
     "result_record": a bogus record header published on its result ring (value is
     the length; kind is random garbage); "slot_current", "slot_served",
     "slot_skips": its slot words (skip words: value, in all of them);
-    "board_nslots", "board_capacity": the board header's geometry.
+    "board_nslots", "board_capacity": the board header's geometry; "board_want": the
+    header word that once counted the parent's driving threads.
     value is a 64-bit pattern.  hold_s: then wait that long (the parent should kill
     this worker first), so the worker's own next publication cannot repair the damage
     before the parent reads it.  Returns the target's name."""
@@ -199,6 +200,8 @@ def scribble(target, value, hold_s=0.0):
         put32(12, value)
     elif target == "board_capacity":
         put64(16, value)
+    elif target == "board_want":
+        put32(76, value)  # fp_board_t: after the parent's eventcount (64) and attention (72)
     else:
         raise ValueError(target)
     board.kick() if hasattr(board, "kick") else None
@@ -221,6 +224,14 @@ def append_id(path, i):
     finally:
         os.close(fd)
     return i
+
+
+def append_id_scribble_current_then_die(path, i, value):
+    """Records its run like ``append_id``, overwrites its slot's ``current`` word with
+    ``value`` (so the word no longer names this task), then SIGKILLs its own worker."""
+    append_id(path, i)
+    scribble("slot_current", value)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def append_id_then_die(path, i, pad=None):

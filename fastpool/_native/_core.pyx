@@ -293,10 +293,10 @@ cdef class Board:
     def want(self, int delta):
         """A parent thread announces (+1) or withdraws (-1) its wish to drive."""
         if self._base != NULL:
-            fp_board_want(fp_boardv_board(self._v), delta)
+            fp_boardv_want(self._v, delta)
 
     def wanted(self):
-        return self._base != NULL and fp_board_wanted(fp_boardv_board(self._v)) != 0
+        return self._base != NULL and fp_boardv_wanted(self._v) != 0
 
     def reset_slot(self, int slot):
         """Empties both rings and the slot words, and rewrites the board header from
