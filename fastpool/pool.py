@@ -51,7 +51,7 @@ from typing import (
 
 from fastpool import errors, telemetry
 from fastpool._integrations import _progress
-from fastpool._native import _arena
+from fastpool._native import _arena, _ndarray
 from fastpool._native._core import Board, check_ring_bytes
 from fastpool._runtime import _arrays, _call, _codec, _control, _dispatch, _template
 from fastpool._runtime._call import ChunkFailure, TaskFunction
@@ -851,7 +851,7 @@ class Pool(Executor):
         when it cannot fit, TypeError for object dtypes, PoolClosed after shutdown.
         Thread-safe."""
         self._arrays_open()
-        return _arena.new_array(self._arena, shape, dtype, order)
+        return _ndarray.new_array(self._arena, shape, dtype, order)
 
     @overload
     def zeros(
@@ -871,7 +871,7 @@ class Pool(Executor):
     ) -> NDArray[Any]:
         """Like ``empty``, filled with zeros; fails like ``empty``.  Thread-safe."""
         self._arrays_open()
-        return _arena.new_array(self._arena, shape, dtype, order, True)
+        return _ndarray.new_array(self._arena, shape, dtype, order, True)
 
     @overload
     def share(self, arr: NDArray[S], readonly: bool = ...) -> NDArray[S]: ...
@@ -884,7 +884,7 @@ class Pool(Executor):
         ``readonly=True``: the copy, and every view of it a worker receives, is not
         writeable.  Errors as for ``empty``.  Thread-safe."""
         self._arrays_open()
-        return _arena.share(self._arena, arr, readonly)
+        return _ndarray.share(self._arena, arr, readonly)
 
     def _arrays_open(self) -> None:
         if self._disp.closed:

@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from fastpool._native import _alloc, _arena
+from fastpool._native import _alloc, _ndarray
 from fastpool._runtime import _arrays
 
 KEPT: list = []
 
 
 def _where(arr: np.ndarray) -> int:
-    return _arena.address_of(arr) - _arrays.process_arena().base_address
+    return _ndarray.address_of(arr) - _arrays.process_arena().base_address
 
 
 def double(arr: np.ndarray) -> tuple[np.ndarray, int]:
@@ -92,7 +92,7 @@ def fork_then_report(arr: np.ndarray) -> dict:
     if pid == 0:  # pragma: no cover - reported through the pipe
         try:
             big = np.ones(4 << 20)
-            inside = _arena.address_of(big) - _arrays.process_arena().base_address
+            inside = _ndarray.address_of(big) - _arrays.process_arena().base_address
             region = _arrays.process_arena()
             lo = region.regions_offset + region.proc * region.region_bytes
             del mine, big

@@ -50,14 +50,14 @@ _ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
 _transfer_marks: dict[int, Any] = {}  # id(array) -> weakref, set by transfer()
 _PROCESS_ARENA: list[Any] = [None]  # a worker's own arena (results are encoded into it)
 _HOOK_PENDING = [False]  # a worker whose hook waits for numpy to be imported
-_ndarray: Any = None
+_ndarray_type: Any = None
 
 
 def _np_ndarray() -> Any:
-    global _ndarray
-    if _ndarray is None and "numpy" in sys.modules:
-        _ndarray = sys.modules["numpy"].ndarray
-    return _ndarray
+    global _ndarray_type
+    if _ndarray_type is None and "numpy" in sys.modules:
+        _ndarray_type = sys.modules["numpy"].ndarray
+    return _ndarray_type
 
 
 def is_ndarray(x: Any) -> bool:
@@ -189,13 +189,13 @@ _DETACHED_METHODS = (
 def _make_detached_type() -> type:
     import numpy as np
 
-    from fastpool._native import _arena
+    from fastpool._native import _ndarray
 
     ns: dict[str, Any] = {"__slots__": ()}
     for name in _DETACHED_METHODS:
         ns[name] = _detached
     cls = type("DetachedArray", (np.ndarray,), ns)
-    _arena.plain_instances(cls)  # same layout as ndarray, so detach() may swap the type in
+    _ndarray.plain_instances(cls)  # same layout as ndarray, so detach() may swap the type in
     return cls
 
 
@@ -237,7 +237,7 @@ class ArrayPickler(pickle.Pickler):
             _detached()
         if type(obj) is not nd:
             return NotImplemented
-        from fastpool._native import _arena
+        from fastpool._native import _arena, _ndarray
 
         arena = self.arena
         root = obj
@@ -265,12 +265,12 @@ class ArrayPickler(pickle.Pickler):
                 )
             if obj.dtype.hasobject or obj.nbytes < OOB_THRESHOLD_BYTES:
                 return NotImplemented
-            dst = _arena.copy_in(arena, obj)  # the one copy: straight into shared memory
+            dst = _ndarray.copy_in(arena, obj)  # the one copy: straight into shared memory
             blk = dst.base
-            byte_off = _arena.address_of(dst) - blk.address
+            byte_off = _ndarray.address_of(dst) - blk.address
             strides, readonly = dst.strides, not obj.flags.writeable
         else:
-            byte_off = _arena.address_of(obj) - blk.address
+            byte_off = _ndarray.address_of(obj) - blk.address
             strides, readonly = obj.strides, (not obj.flags.writeable) or blk.readonly
             if transferring:
                 self.detach.append(obj)
@@ -306,12 +306,12 @@ def encode(
             arena.unref_for(arena.proc, off)
         raise
     if p.detach:
-        from fastpool._native import _arena
+        from fastpool._native import _ndarray
 
         det = __getattr__("DetachedArray")
         for arr in p.detach:
             _transfer_marks.pop(id(arr), None)
-            _arena.detach(arr, det)
+            _ndarray.detach(arr, det)
         if keep is not None:
             keep.append(TRANSFERRED)
     return buf.getvalue(), p.handed
