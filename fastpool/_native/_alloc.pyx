@@ -5,7 +5,8 @@
     task           r = arr * 2: NumPy -> _malloc(256 MiB) -> a block of region 1 + slot,
                    its pages mapped already when the block is reused (no fresh-page faults)
     serve          owned_roots(result): the hook arrays that only the result holds
-    encode         _arrays.ArrayPickler: adopt(root) -> a Block on that block -> handoff -> descriptor,
+    encode         _arrays.ArrayPickler: adopt(root) -> a Block on that block -> handoff ->
+                   descriptor,
                    no copy (an array the worker also keeps elsewhere is copied as before)
     serve          result = None: NumPy -> _free(ptr): the worker's reference is dropped,
                    the parent's (the handoff) keeps the block until its array goes
@@ -52,8 +53,8 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, strncpy
 
 from fastpool._native._arena cimport (
-    FP_ARENA_PAGE, MADV_POPULATE_WRITE, Arena, fp_arena_alloc_capped, fp_arena_blk_t, fp_arena_damage_t,
-    fp_arena_unbump,
+    FP_ARENA_PAGE, MADV_POPULATE_WRITE, Arena, fp_arena_alloc_capped, fp_arena_blk_t,
+    fp_arena_damage_t, fp_arena_unbump,
     fp_arena_unref, fp_arena_view_t,
 )
 from fastpool._native._sys cimport EINVAL, FP_OK, errno, fallocate, madvise

@@ -474,7 +474,8 @@ cdef class Arena:
         self._usable()
         cdef fp_arena_blk_t b
         cdef fp_arena_damage_t d
-        check(self, fp_arena_ref(&self._v, self.proc, blk.off, blk.gen, &b, &d), &d, 0, blk.off, True)
+        check(self, fp_arena_ref(&self._v, self.proc, blk.off, blk.gen, &b, &d), &d, 0, blk.off,
+              True)
 
     def unref_for(self, uint32_t proc, uint64_t off):
         """Drops one reference of process proc; an offset that is no block header is ignored."""

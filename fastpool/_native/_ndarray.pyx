@@ -73,7 +73,10 @@ cdef extern from *:
 
 cdef extern from *:
     """
-    static size_t fp_array_address(PyObject *arr) { return (size_t)((PyArrayObject_fields *)arr)->data; }
+    static size_t fp_array_address(PyObject *arr)
+    {
+        return (size_t)((PyArrayObject_fields *)arr)->data;
+    }
     """
     size_t fp_array_address(object arr)
 
@@ -94,7 +97,8 @@ def plain_instances(newtype):
 def detach(arr, newtype):
     """Takes the memory away from ndarray arr in place (see fp_detach_array)."""
     if fp_detach_array(arr, newtype) != 0:
-        raise TypeError("only views of shared memory with at least one dimension can be transferred")
+        raise TypeError(
+            "only views of shared memory with at least one dimension can be transferred")
 
 
 def new_array(Arena arena, shape, dtype, order="C", bint zero=False):
@@ -125,8 +129,8 @@ cdef object _new_array(Arena arena, shape, dtype, order, bint zero, Py_ssize_t p
     for s in shp:
         n *= s
     if n > PY_SSIZE_T_MAX:
-        raise ValueError(f"an array of shape {shp} and dtype {dt} would take {n} bytes, more than a "
-                         "process can address")
+        raise ValueError(f"an array of shape {shp} and dtype {dt} would take {n} bytes, more than "
+                         "a process can address")
     pad = 0
     if page_of >= 0 and n >= PAGE_MATCH_MIN_BYTES:
         # cdivision: C's % keeps the sign, so stay non-negative before it
