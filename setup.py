@@ -26,6 +26,7 @@ def extension(name: str) -> Extension:
 MODULES = (
     "fastpool._native._core",
     "fastpool._native._arena",
+    "fastpool._native._ndarray",
     "fastpool._native._alloc",
     "fastpool._runtime._task",
     "fastpool._runtime._dispatch",

@@ -40,7 +40,7 @@ typedef struct {
     char _pad0[32];
     fp_event_t done;  /* the parent parks here for results from any slot */
     fp_a32 attention; /* non-zero: the parent has non-ring work (a death, a kick) */
-    fp_a32 want;      /* parent threads driving now: the collector thread stays away */
+    fp_a32 _unused0;  /* was `want`: now fp_boardv_t.want, where no worker can write it */
     char _pad1[48];
     fp_a64 counters[8];
 } fp_board_t;
@@ -173,6 +173,10 @@ typedef struct {
     uint64_t cap;
     fp_ringv_t *tasks;   /* [nslots]: the parent produces, the worker consumes */
     fp_ringv_t *results; /* [nslots]: the worker produces, the parent consumes */
+    fp_a32 want;         /* parent threads driving now: the collector thread stays away.
+                          * Private: a word in the segment, one stray write away from a
+                          * count that never returns to 0, stalled the collector for good
+                          * (issue 15, section 7). */
 } fp_boardv_t;
 
 static inline fp_slot_t *fp_boardv_slot(const fp_boardv_t *v, uint32_t i)
@@ -184,8 +188,8 @@ static inline fp_ringv_t *fp_boardv_tasks(const fp_boardv_t *v, uint32_t i) { re
 static inline fp_ringv_t *fp_boardv_results(const fp_boardv_t *v, uint32_t i) { return &v->results[i]; }
 static inline fp_board_t *fp_boardv_board(const fp_boardv_t *v) { return v->b; }
 
-/* Non-ring work for the parent (a death, a kick), and the parent threads that
- * drive now (the collector thread stays away while any does). */
+/* Non-ring work for the parent (a death, a kick), and (in the parent's own view)
+ * the parent threads that drive now: the collector thread stays away while any does. */
 static inline void fp_board_flag_attention(fp_board_t *b)
 {
     fp_store32_release(&b->attention, 1);
@@ -193,14 +197,14 @@ static inline void fp_board_flag_attention(fp_board_t *b)
 }
 static inline int fp_board_take_attention(fp_board_t *b) { return fp_xchg32_acqrel(&b->attention, 0) != 0; }
 static inline void fp_board_kick(fp_board_t *b) { fp_event_kick(&b->done); }
-static inline void fp_board_want(fp_board_t *b, int delta)
+static inline void fp_boardv_want(fp_boardv_t *v, int delta)
 {
     if (delta > 0)
-        fp_add32_seqcst(&b->want, 1);
+        fp_add32_seqcst(&v->want, 1);
     else
-        fp_sub32_seqcst(&b->want, 1);
+        fp_sub32_seqcst(&v->want, 1);
 }
-static inline int fp_board_wanted(fp_board_t *b) { return fp_load32_acquire(&b->want) != 0; }
+static inline int fp_boardv_wanted(fp_boardv_t *v) { return fp_load32_acquire(&v->want) != 0; }
 
 static inline fp_ring_t *fp_board_ring_at(fp_board_t *b, uint32_t nslots, uint64_t cap, uint32_t i, int dir)
 {
@@ -222,6 +226,7 @@ static inline int fp_boardv_init(fp_boardv_t *v, fp_board_t *b, uint64_t mapped,
     v->cap = cap;
     v->tasks = tasks;
     v->results = results;
+    fp_store32_relaxed(&v->want, 0);
     for (uint32_t i = 0; i < nslots; i++) {
         if (fp_ringv_init(&tasks[i], fp_board_ring_at(b, nslots, cap, i, 0), cap, parent) != FP_OK ||
             fp_ringv_init(&results[i], fp_board_ring_at(b, nslots, cap, i, 1), cap, !parent) != FP_OK)

@@ -43,6 +43,23 @@ static inline int fp_shm_map(int fd, uint64_t size, int prot, void **out)
     return FP_OK;
 }
 
+/* Turns this process's shared mapping of fd at addr into a private one, in place:
+ * MAP_FIXED over the same range, so every pointer into it stays valid.  For a
+ * forked child (issue 15, section 4): what it writes from then on lands in pages
+ * of its own (copy-on-write), never in the segment other processes map.  Pages
+ * the child has not written still read the segment's current bytes. */
+static inline int fp_shm_privatise(int fd, void *addr, uint64_t size, int prot)
+{
+    if (addr == NULL || size == 0 || size > (uint64_t)SIZE_MAX) {
+        errno = EINVAL;
+        return FP_ERRNO;
+    }
+    void *p = mmap(addr, (size_t)size, prot, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd, 0);
+    if (p == MAP_FAILED)
+        return FP_ERRNO;
+    return FP_OK;
+}
+
 /* A duplicate of fd, close-on-exec, at or above min_fd when the fd limit allows. */
 static inline int fp_shm_dup(int fd, int min_fd, int *out)
 {

@@ -34,8 +34,8 @@ except ImportError as exc:  # depends on how it was installed and where Python r
 
 else:
     from fastpool import errors as _errors
+    from fastpool._runtime._arrays import transfer
     from fastpool._runtime._call import TaskFunction, cancelled
-    from fastpool._runtime._codec import transfer
     from fastpool._runtime._template import shutdown_template
     from fastpool.errors import (
         CircuitOpen,

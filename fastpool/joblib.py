@@ -45,8 +45,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from fastpool import errors
 from fastpool._integrations import _joblib_pools, _joblib_task
+from fastpool._runtime._arrays import _block_of
 from fastpool._runtime._call import CURRENT as _WORKER  # internals: keep these few, and here
-from fastpool._runtime._codec import _block_of, function_bytes
+from fastpool._runtime._codec import function_bytes
 from fastpool._supervision._sizing import usable_cpus
 from fastpool.pool import Pool
 

@@ -51,9 +51,9 @@ from typing import (
 
 from fastpool import errors, telemetry
 from fastpool._integrations import _progress
-from fastpool._native import _arena
+from fastpool._native import _arena, _ndarray
 from fastpool._native._core import Board, check_ring_bytes
-from fastpool._runtime import _call, _codec, _control, _dispatch, _template
+from fastpool._runtime import _arrays, _call, _codec, _control, _dispatch, _template
 from fastpool._runtime._call import ChunkFailure, TaskFunction
 from fastpool._supervision import _policy, _sizing
 from fastpool._supervision._supervisor import DEFAULT_START_TIMEOUT_S, STOP_GRACE_S, Supervisor
@@ -103,6 +103,19 @@ def _shutdown_all_at_exit() -> None:
 atexit.register(_shutdown_all_at_exit)
 
 
+def _disown_after_fork() -> None:
+    # A forked child inherits every pool's objects but none of its threads, and the
+    # workers are the parent's: the child must never stop, signal or kill them, write
+    # the board, or unmap what they use (issue 15, section 4).  Its atexit hook then
+    # finds no pool, and its finalisers find closed, disowned ones.
+    for rt in list(_live):
+        rt.disown()
+    _live.clear()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)
+
+
 class _Runtime:
     """A pool's running parts and their life: threads, teardown.  Holds no Pool."""
 
@@ -112,6 +125,7 @@ class _Runtime:
         self.board, self.arena, self.disp, self.sup, self.tel = board, arena, disp, sup, tel
         self.lock = threading.Lock()
         self.stopping = False
+        self.disowned = False  # a forked child's copy of the parent's pool: never touched
         self.torn_down = threading.Event()
         self.handoff = threading.Event()
         self.supervisor_thread = threading.Thread(
@@ -138,7 +152,16 @@ class _Runtime:
         if not self.torn_down.is_set():
             self.teardown()
 
+    def disown(self) -> None:
+        """In a forked child: closed for submits, and every teardown path a no-op."""
+        self.disowned = self.stopping = True
+        self.torn_down.set()
+        self.disp.close()
+        self.board.disown()  # the arena disowns itself (fastpool/_native/_arena.pyx)
+
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+        if self.disowned:
+            return
         self.disp.close()
         if cancel_futures:
             self.disp.cancel_queued()
@@ -155,6 +178,8 @@ class _Runtime:
 
     def interrupt(self) -> None:
         """Ctrl-C: cancel the queue, interrupt running tasks, tear down within ~1 s."""
+        if self.disowned:
+            return
         self.disp.close()
         self.disp.cancel_queued()
         self.sup.interrupt_running()
@@ -826,7 +851,7 @@ class Pool(Executor):
         when it cannot fit, TypeError for object dtypes, PoolClosed after shutdown.
         Thread-safe."""
         self._arrays_open()
-        return _arena.new_array(self._arena, shape, dtype, order)
+        return _ndarray.new_array(self._arena, shape, dtype, order)
 
     @overload
     def zeros(
@@ -846,7 +871,7 @@ class Pool(Executor):
     ) -> NDArray[Any]:
         """Like ``empty``, filled with zeros; fails like ``empty``.  Thread-safe."""
         self._arrays_open()
-        return _arena.new_array(self._arena, shape, dtype, order, True)
+        return _ndarray.new_array(self._arena, shape, dtype, order, True)
 
     @overload
     def share(self, arr: NDArray[S], readonly: bool = ...) -> NDArray[S]: ...
@@ -859,7 +884,7 @@ class Pool(Executor):
         ``readonly=True``: the copy, and every view of it a worker receives, is not
         writeable.  Errors as for ``empty``.  Thread-safe."""
         self._arrays_open()
-        return _arena.share(self._arena, arr, readonly)
+        return _ndarray.share(self._arena, arr, readonly)
 
     def _arrays_open(self) -> None:
         if self._disp.closed:
@@ -953,8 +978,7 @@ class _Chunks:
 
 
 def _is_ndarray(x: Any) -> bool:
-    nd = _codec._np_ndarray()
-    return nd is not None and type(x) is nd and x.ndim >= 1
+    return _arrays.is_ndarray(x)
 
 
 class _Feeder:

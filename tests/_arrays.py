@@ -126,10 +126,10 @@ def unrebuildable_then_array(nbytes):
 
 
 def _where(arr: np.ndarray) -> int:
-    from fastpool._native import _arena
-    from fastpool._runtime import _codec
+    from fastpool._native import _ndarray
+    from fastpool._runtime import _arrays
 
-    return _arena.address_of(arr) - _codec._PROCESS_ARENA[0].base_address
+    return _ndarray.address_of(arr) - _arrays.process_arena().base_address
 
 
 def make_with_where(n_bytes: int) -> tuple[Any, int]:
@@ -203,8 +203,8 @@ def hook_stats() -> dict:
 def fork_then_report(arr: np.ndarray) -> dict:
     """A task that forks: the child allocates (the handler is inherited, the region is
     not its own) and frees an inherited hook array, then the worker reports."""
-    from fastpool._native import _alloc, _arena
-    from fastpool._runtime import _codec
+    from fastpool._native import _alloc, _ndarray
+    from fastpool._runtime import _arrays
 
     mine = arr * 2
     start = _alloc.stats()["live"]
@@ -213,8 +213,8 @@ def fork_then_report(arr: np.ndarray) -> dict:
     if pid == 0:  # pragma: no cover - reported through the pipe
         try:
             big = np.ones(4 << 20)
-            inside = _arena.address_of(big) - _codec._PROCESS_ARENA[0].base_address
-            region = _codec._PROCESS_ARENA[0]
+            inside = _ndarray.address_of(big) - _arrays.process_arena().base_address
+            region = _arrays.process_arena()
             lo = region.regions_offset + region.proc * region.region_bytes
             del mine, big
             os.write(w, b"0" if lo <= inside < lo + region.region_bytes else b"1")
@@ -231,3 +231,25 @@ def fork_then_report(arr: np.ndarray) -> dict:
         "live_after": _alloc.stats()["live"],
         "intact": ok,
     }
+
+
+def fork_writes_stay_in_the_child(n: int) -> dict[str, Any]:
+    """Makes a hook array (in this worker's arena region) and a shared argument-like
+    block, forks, lets the child write both, and reports what this worker sees after."""
+    from fastpool._runtime import _arrays
+
+    arena = _arrays.process_arena()
+    mine = np.ones(n)  # NumPy's allocator hook: a block of this worker's region
+    in_arena = 0 <= _where(mine) < arena.nprocs * arena.region_bytes + arena.regions_offset
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            mine[:] = 9.0
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return dict(
+        in_arena=in_arena, child_ok=os.waitstatus_to_exitcode(status) == 0, seen=float(mine.sum())
+    )

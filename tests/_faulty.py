@@ -148,12 +148,12 @@ def unknown_array_reply(task_id, nbytes):
     this worker never got (the parent drops it as unknown, unread)."""
     import numpy as np
 
-    from fastpool._runtime import _call, _codec
+    from fastpool._runtime import _arrays, _call, _codec
 
     board, slot = _call.CURRENT["board"], _call.CURRENT["slot"]
-    return board.push_result(
-        slot, _codec.R_OK, task_id, 0, _codec.encode_result(np.ones(nbytes // 8))
-    )
+    payload, handed = _arrays.encode_result(np.ones(nbytes // 8))
+    aux_handoffs = 1 << 62  # FP_AUX_HANDOFFS (csrc/fp_proto.h): the payload ends with its trailer
+    return board.push_result(slot, _codec.R_OK, task_id, aux_handoffs, payload)
 
 
 # ---- a task that damages shared memory: the parent must not trust it ------------------
@@ -166,7 +166,8 @@ def scribble(target, value, hold_s=0.0):
     "result_record": a bogus record header published on its result ring (value is
     the length; kind is random garbage); "slot_current", "slot_served",
     "slot_skips": its slot words (skip words: value, in all of them);
-    "board_nslots", "board_capacity": the board header's geometry.
+    "board_nslots", "board_capacity": the board header's geometry; "board_want": the
+    header word that once counted the parent's driving threads.
     value is a 64-bit pattern.  hold_s: then wait that long (the parent should kill
     this worker first), so the worker's own next publication cannot repair the damage
     before the parent reads it.  Returns the target's name."""
@@ -210,6 +211,8 @@ def scribble(target, value, hold_s=0.0):
         put32(12, value)
     elif target == "board_capacity":
         put64(16, value)
+    elif target == "board_want":
+        put32(76, value)  # fp_board_t: after the parent's eventcount (64) and attention (72)
     else:
         raise ValueError(target)
     board.kick() if hasattr(board, "kick") else None
@@ -224,8 +227,16 @@ def scribble_arena_top():
     write from a C extension could), then returns an array that needs that region."""
     import numpy as np
 
-    from fastpool._runtime import _codec
+    from fastpool._runtime import _arrays
 
-    arena = _codec._PROCESS_ARENA[0]
+    arena = _arrays.process_arena()
     ctypes.c_uint64.from_address(arena.base_address + 128 + 8 * arena.proc).value = 2**64 - 4096
     return np.ones(1 << 18)
+
+
+def append_id_scribble_current_then_die(path, i, value):
+    """Records its run like ``append_id``, overwrites its slot's ``current`` word with
+    ``value`` (so the word no longer names this task), then SIGKILLs its own worker."""
+    append_id(path, i)
+    scribble("slot_current", value)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -61,7 +61,7 @@ def create_file(path: str, value: Any) -> Any:
 def array_facts(a: Any) -> tuple[bool, float, int | None]:
     """Whether the task may write ``a``, its sum, and the shared block it lies in (None:
     a copy of its own)."""
-    from fastpool._runtime._codec import _block_of
+    from fastpool._runtime._arrays import _block_of
 
     blk = _block_of(a)
     return a.flags.writeable, float(a.sum()), None if blk is None else blk.off

@@ -1,11 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """NumPy's allocator in a worker: large arrays are made in the worker's own arena region (NEP 49).
 
-    worker start   _codec.set_process_arena(arena) -> install(arena)   (never in the parent)
+    worker start   _arrays.set_process_arena(arena) -> install(arena)   (never in the parent)
     task           r = arr * 2: NumPy -> _malloc(256 MiB) -> a block of region 1 + slot,
                    its pages mapped already when the block is reused (no fresh-page faults)
     serve          owned_roots(result): the hook arrays that only the result holds
-    encode         _ArrayPickler: adopt(root) -> a Block on that block -> handoff -> descriptor,
+    encode         _arrays.ArrayPickler: adopt(root) -> a Block on that block -> handoff ->
+                   descriptor,
                    no copy (an array the worker also keeps elsewhere is copied as before)
     serve          result = None: NumPy -> _free(ptr): the worker's reference is dropped,
                    the parent's (the handoff) keeps the block until its array goes
@@ -52,7 +53,8 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, strncpy
 
 from fastpool._native._arena cimport (
-    FP_ARENA_PAGE, Arena, fp_arena_alloc_capped, fp_arena_blk_t, fp_arena_damage_t, fp_arena_unbump,
+    FP_ARENA_PAGE, MADV_POPULATE_WRITE, Arena, fp_arena_alloc_capped, fp_arena_blk_t,
+    fp_arena_damage_t, fp_arena_unbump,
     fp_arena_unref, fp_arena_view_t,
 )
 from fastpool._native._sys cimport EINVAL, FP_OK, errno, fallocate, madvise
@@ -96,13 +98,13 @@ cdef extern from "numpy/arrayobject.h":
     void *PyArray_DATA(PyArrayObject *arr)
     PyObject *PyArray_BASE(PyArrayObject *arr)
 
-DEF MADV_POPULATE_WRITE = 23
 # owned_roots looks this deep into tuples, lists and dicts.  Dask's local scheduler
 # wraps each task's value three deep ([(key, (value, id), failed)]): 5 leaves a task's
 # own tuple or dict of arrays two levels (issue 17).  The walk visits nothing pickling
 # the result would not visit anyway, so depth costs only what the result holds.
-DEF WALK_DEPTH = 5
-DEF WALK_ITEMS = 256     # and at containers this long at most: a longer one is copied
+cdef enum:
+    WALK_DEPTH = 5
+    WALK_ITEMS = 256     # and at containers this long at most: a longer one is copied
 
 MIN_BYTES = 1 << 20      # smaller arrays stay with malloc: they travel inline, or cost a short copy
 

@@ -61,6 +61,12 @@ cdef extern from "fp_arena.h" nogil:
                               fp_arena_damage_t *dmg)
 
 
+cdef enum:
+    # <sys/mman.h> since Linux 5.14; older headers lack the name, and older kernels
+    # answer EINVAL (the callers fall back to fallocate or to faulting pages in).
+    MADV_POPULATE_WRITE = 23
+
+
 cdef class Arena:
     cdef fp_arena_view_t _v      # private geometry, checked once; base NULL once unmapped
     cdef void *_ro               # a read-only mapping for readonly blocks, made on first use
@@ -74,6 +80,7 @@ cdef class Arena:
     cdef Py_ssize_t _blocks      # live Block objects: the mapping outlives close() while any exists
     cdef object __weakref__
 
+    cdef _disown(self)
     cdef _punch_free(self)
     cdef _punch_free_region(self, uint32_t r)
     cdef _maybe_unmap(self)
@@ -87,6 +94,10 @@ cdef class Arena:
     cpdef Block alloc(self, uint64_t nbytes)
     cpdef Block ref(self, uint64_t off, uint64_t gen, bint readonly)
     cdef _saw(self, fp_arena_blk_t *b)
+
+
+cdef int check(Arena a, int rc, const fp_arena_damage_t *d, uint64_t nbytes=*, uint64_t off=*,
+               bint held=*) except -1
 
 
 cdef class Block:

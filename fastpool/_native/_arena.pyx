@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The arena: one pool's reference-counted shared blocks, over one sparse memfd.
 
-    parent (pool.py, _codec)                      worker (_worker.py, _codec)
+    parent (pool.py, _arrays)                     worker (_worker.py, _arrays)
     ------------------------                      ---------------------------
     Arena.create(nworkers, budget)  --fd at spawn--> Arena.attach(fd, 1 + slot)
     alloc(n) -> Block in region 0                    alloc(n) -> Block in region 1 + slot
@@ -10,7 +10,8 @@
     reclaim(slot) after the worker died; check_region / reset_region when a chain is damaged
 
 A Block holds one reference of its process and exports the block's bytes as a
-buffer; ndarrays are views over it, so the block lives while any view does.
+buffer; ndarrays are views over it (made in _ndarray.pyx, described and rebuilt by
+fastpool/_runtime/_arrays.py), so the block lives while any view does.
 In a worker, NumPy's allocator hook (_alloc.pyx) takes blocks too: there the
 ndarray's own data holds the reference, and NumPy's free drops it.
 A Block also keeps its Arena object, hence the mapping, alive: an array used
@@ -34,6 +35,12 @@ faults in that process instead.  Keeping a worker from writing other regions
 needs the reference counts out of the block headers (a count table per
 process, in pages of its own): headers share their first page with data,
 and every process must write its counter in blocks of every region.
+
+Fork.  A forked child of any process that maps an arena (the parent, a worker
+running a task) remaps it privately in place (_disown_after_fork): the arrays it
+inherited become copy-on-write memory, and nothing it writes reaches the pool.
+An arena already closed (its pool shut down, its arrays still held) has no fd
+left to remap from, so arrays kept past their pool stay shared in a child.
 """
 
 import operator
@@ -44,10 +51,6 @@ import weakref
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT
-from cpython.ref cimport PyObject
-
-cdef extern from "Python.h":
-    const Py_ssize_t PY_SSIZE_T_MAX
 
 from fastpool import errors
 
@@ -55,78 +58,14 @@ from fastpool._native._sys cimport (
     EINVAL, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FP_CORRUPT, FP_ERRNO, FP_OK, PROT_READ, PROT_WRITE,
     close, errno, fallocate, madvise, munmap,
 )
-from fastpool._native._shm cimport FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map
-
-# Detaching an ndarray in place (fastpool.transfer): NumPy has no API to take
-# the memory away from an array object, so this writes its fields: every
-# dimension becomes 0, data points at a static zeroed buffer, WRITEABLE is
-# cleared, the base (the Block, hence this process's reference) is dropped,
-# and the object's type becomes DetachedArray, whose methods raise.  Any path
-# DetachedArray does not cover sees a zero-length read-only array: never the
-# bytes the task now owns.
-cdef extern from *:
-    """
-    #include <numpy/ndarraytypes.h>
-    static char fp_detached_data[256] __attribute__((aligned(64)));
-    static int fp_detach_array(PyObject *arr, PyObject *newtype)
-    {
-        PyArrayObject_fields *f = (PyArrayObject_fields *)arr;
-        PyObject *old_base = f->base;
-        PyTypeObject *old_type = Py_TYPE(arr);
-        if (f->nd < 1 || (f->flags & NPY_ARRAY_OWNDATA))
-            return -1;
-        for (int i = 0; i < f->nd; i++)
-            f->dimensions[i] = 0;
-        f->data = fp_detached_data;
-        f->flags &= ~NPY_ARRAY_WRITEABLE;
-        f->base = NULL;
-        PyTypeObject *nt = (PyTypeObject *)newtype;
-        if (nt->tp_basicsize == old_type->tp_basicsize &&
-            (nt->tp_flags & Py_TPFLAGS_HAVE_GC) == (old_type->tp_flags & Py_TPFLAGS_HAVE_GC)) {
-            Py_INCREF(newtype);
-            Py_SET_TYPE(arr, (PyTypeObject *)newtype);
-            if (old_type->tp_flags & Py_TPFLAGS_HEAPTYPE)
-                Py_DECREF(old_type);
-        }
-        Py_XDECREF(old_base);
-        return 0;
-    }
-    /* A class statement gives its instances a GC header, which an ndarray
-     * allocated by NumPy lacks; DetachedArray adds no fields, so its
-     * instances are made plain like ndarray's before any is swapped in. */
-    static void fp_plain_instances(PyObject *newtype)
-    {
-        PyTypeObject *t = (PyTypeObject *)newtype;
-        if (t->tp_flags & Py_TPFLAGS_HAVE_GC) {
-            t->tp_flags &= ~Py_TPFLAGS_HAVE_GC;
-            t->tp_free = PyObject_Free;
-            t->tp_traverse = NULL;
-            t->tp_clear = NULL;
-        }
-    }
-    """
-    int fp_detach_array(object arr, object newtype)
-    void fp_plain_instances(object newtype)
-
-cdef extern from *:
-    """
-    static size_t fp_array_address(PyObject *arr) { return (size_t)((PyArrayObject_fields *)arr)->data; }
-    """
-    size_t fp_array_address(object arr)
-
-DEF MADV_POPULATE_WRITE = 23
+from fastpool._native._shm cimport (
+    FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map, fp_shm_privatise,
+)
 
 PARENT = 0
 ARENA_MIN_BYTES = 1 << 20
 ARENA_MAX_DEFAULT_BYTES = 64 << 30
 MEMINFO_CHECK_BYTES = 16 << 20  # fresh blocks this large check MemAvailable first
-# A copy this large into a block starts at the source's offset within its page.
-# glibc's memmove for copies past its non-temporal threshold runs 3-4x slower
-# when the destination sits a little above the source modulo 4 KiB (4K
-# aliasing: 66 ms instead of 17 ms for 256 MiB on this machine, dst - src = 48),
-# and a block's data starts 64 bytes into a page while a large malloc'd array
-# starts 16 bytes in.  The descriptor's byte offset carries the padding.
-PAGE_MATCH_MIN_BYTES = 1 << 20
 
 _registry = {}  # token -> weakref to the Arena of that token in this process
 
@@ -158,11 +97,34 @@ cdef str _mib(uint64_t n):
     return f"{n / 1048576.0:.1f} MiB"
 
 
-cdef object _damage_error(const fp_arena_damage_t *d, uint32_t nprocs):
+cdef object _status_error(Arena a, int rc, const fp_arena_damage_t *d, uint64_t nbytes,
+                          uint64_t off, bint held):
+    # The one place an fp_arena_* status becomes an exception (None for FP_OK).
+    # held: this process holds a Block on off, so a changed generation is damage
+    # rather than a descriptor that outlived its block.
+    if rc == FP_OK:
+        return None
+    if rc == FP_NOSPACE:
+        return a._nospace(nbytes, "")
+    if rc == FP_STALE and held:
+        return errors.SegmentCorrupt(f"shared block at {off} changed generation while referenced")
+    if rc == FP_STALE:
+        return errors.SharedMemoryError(
+            f"shared block at {off} was reused before this descriptor was read (fastpool bug)")
+    if rc == FP_ERRNO:
+        return OSError(errno, os.strerror(errno))
     text = fp_arena_damage_text(d.why).decode()
-    if d.region >= nprocs:
+    if d.region >= a._v.nprocs:
         return errors.SegmentCorrupt(f"no shared block at arena offset {d.at}: {text} (read {d.value})")
     return errors.RegionCorrupt(d.region, f"{text} (read {d.value})", d.at)
+
+
+cdef int check(Arena a, int rc, const fp_arena_damage_t *d, uint64_t nbytes=0, uint64_t off=0,
+               bint held=False) except -1:
+    """Raises the exception for status rc of an fp_arena_* function (see _status_error)."""
+    if rc == FP_OK:
+        return 0
+    raise _status_error(a, rc, d, nbytes, off, held)
 
 
 def geometry(nworkers, budget):
@@ -317,6 +279,23 @@ cdef class Arena:
             self._fd = -1
         self._maybe_unmap()
 
+    cdef _disown(self):
+        # In a forked child: the mapping becomes private in place, so arrays the
+        # child inherited (pool.empty's, results, a worker's NumPy-hook arrays) are
+        # ordinary copy-on-write memory there, and nothing the child writes (data,
+        # counts in block headers) reaches the pool's other processes.  No pages are
+        # punched and no counts dropped: the segment is the parent's.  If the kernel
+        # refuses the private mapping the shared one stays (and the arena is closed).
+        if self._fd >= 0:
+            if self._v.base != NULL:
+                fp_shm_privatise(self._fd, self._v.base, self._v.total_size, PROT_READ | PROT_WRITE)
+            if self._ro != NULL:
+                fp_shm_privatise(self._fd, self._ro, self._v.total_size, PROT_READ)
+            close(self._fd)
+            self._fd = -1
+        self.closed = True
+        self._maybe_unmap()
+
     cdef _punch_free(self):
         cdef uint32_t r
         for r in range(self._v.nprocs):
@@ -419,11 +398,8 @@ cdef class Arena:
         cdef fp_arena_damage_t d
         cdef Block blk
         cdef uint64_t fresh_len = 0
-        cdef int rc = fp_arena_alloc(&self._v, self.proc, nbytes, &b, &fresh_len, &self._own_top, &d)
-        if rc == FP_NOSPACE:
-            raise self._nospace(nbytes, "")
-        if rc != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        check(self, fp_arena_alloc(&self._v, self.proc, nbytes, &b, &fresh_len, &self._own_top, &d),
+              &d, nbytes)
         if fresh_len:
             try:
                 self._commit(b.off, fresh_len, nbytes)
@@ -476,12 +452,7 @@ cdef class Arena:
         self._usable()
         cdef fp_arena_blk_t b
         cdef fp_arena_damage_t d
-        cdef int rc = fp_arena_ref(&self._v, self.proc, off, gen, &b, &d)
-        if rc == FP_STALE:
-            raise errors.SharedMemoryError(
-                f"shared block at {off} was reused before this descriptor was read (fastpool bug)")
-        if rc != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        check(self, fp_arena_ref(&self._v, self.proc, off, gen, &b, &d), &d, 0, off)
         self._saw(&b)
         return self._block(&b, readonly)
 
@@ -503,11 +474,8 @@ cdef class Arena:
         self._usable()
         cdef fp_arena_blk_t b
         cdef fp_arena_damage_t d
-        cdef int rc = fp_arena_ref(&self._v, self.proc, blk.off, blk.gen, &b, &d)
-        if rc == FP_STALE:
-            raise errors.SegmentCorrupt(f"shared block at {blk.off} changed generation while referenced")
-        if rc != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        check(self, fp_arena_ref(&self._v, self.proc, blk.off, blk.gen, &b, &d), &d, 0, blk.off,
+              True)
 
     def unref_for(self, uint32_t proc, uint64_t off):
         """Drops one reference of process proc; an offset that is no block header is ignored."""
@@ -546,8 +514,7 @@ cdef class Arena:
         # _alloc, up to half the budget) until the pool closes, unless given back
         # now: with the owner dead, no process can claim a block of its region.
         self._punch_free_region(slot + 1)
-        if rc != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        check(self, rc, &d)
         return held
 
     def check_region(self, uint32_t region):
@@ -558,8 +525,8 @@ cdef class Arena:
         cdef fp_arena_damage_t d
         if region >= self._v.nprocs:
             raise ValueError(f"the arena has regions 0 to {self._v.nprocs - 1}, not {region}")
-        if self._v.base != NULL and fp_arena_check_region(&self._v, region, &n, &d) != FP_OK:
-            raise _damage_error(&d, self._v.nprocs)
+        if self._v.base != NULL:
+            check(self, fp_arena_check_region(&self._v, region, &n, &d), &d)
         return n
 
     def corrupt_regions(self):
@@ -567,12 +534,14 @@ cdef class Arena:
         cdef uint64_t n = 0
         cdef fp_arena_damage_t d
         cdef uint32_t r
+        cdef int rc
         found = {}
         if self._v.base == NULL:
             return found
         for r in range(self._v.nprocs):
-            if fp_arena_check_region(&self._v, r, &n, &d) != FP_OK:
-                found[r] = _damage_error(&d, self._v.nprocs)
+            rc = fp_arena_check_region(&self._v, r, &n, &d)
+            if rc != FP_OK:
+                found[r] = _status_error(self, rc, &d, 0, 0, False)
         return found
 
     def reset_region(self, uint32_t region):
@@ -601,10 +570,12 @@ cdef class Arena:
     def _usage(self, bint strict):
         cdef uint64_t live = 0, idle = 0, nlive = 0
         cdef fp_arena_damage_t d
+        cdef int rc
         if self._v.base == NULL:
             return dict(live_bytes=0, free_bytes=0, live_blocks=0, budget_bytes=0, unused_bytes=0)
-        if fp_arena_usage(&self._v, &live, &idle, &nlive, &d) != FP_OK and strict:
-            raise _damage_error(&d, self._v.nprocs)
+        rc = fp_arena_usage(&self._v, &live, &idle, &nlive, &d)
+        if strict:
+            check(self, rc, &d)
         budget = self._v.budget
         return dict(live_bytes=live, free_bytes=idle, live_blocks=nlive, budget_bytes=budget,
                     unused_bytes=max(0, budget - live - idle))
@@ -679,120 +650,13 @@ cdef class Block:
             a._maybe_unmap()
 
 
-def plain_instances(newtype):
-    """Makes newtype's instances GC-free like ndarray's (see fp_plain_instances)."""
-    fp_plain_instances(newtype)
+def _disown_after_fork():
+    # os.register_at_fork(after_in_child=...): the child runs one thread, this one.
+    arenas = [ref() for ref in _registry.values()]
+    _registry.clear()
+    for arena in arenas:
+        if arena is not None:
+            (<Arena>arena)._disown()
 
 
-def detach(arr, newtype):
-    """Takes the memory away from ndarray arr in place (see fp_detach_array)."""
-    if fp_detach_array(arr, newtype) != 0:
-        raise TypeError("only views of shared memory with at least one dimension can be transferred")
-
-
-_handoffs_taken = None  # while the parent decodes a result: the handoffs rebuild() took back
-
-
-def log_handoffs(taken):
-    """While taken is a list, rebuild() appends each handoff it takes back to it
-    (the parent's driver thread, around one result's decoding; None to stop)."""
-    global _handoffs_taken
-    _handoffs_taken = taken
-
-
-def rebuild(uint64_t token, uint64_t off, uint64_t gen, Py_ssize_t byte_off, dtype, shape, strides,
-            bint readonly, int src):
-    """Unpickles a descriptor (see _codec): a view of the block from this process's mapping.
-
-    src >= 0: the sender (a worker) added a reference for the trip; it is dropped
-    now that this process holds its own."""
-    arena = lookup(token)
-    if arena is None:
-        raise errors.SharedMemoryError(
-            "this array lives in the shared memory of a pool that is shut down, or of another pool "
-            "than the one this process serves; pass it by value (np.array(arr)) instead")
-    blk = (<Arena>arena).ref(off, gen, readonly)
-    if src >= 0:
-        (<Arena>arena).unref_for(<uint32_t>src, off)
-        if _handoffs_taken is not None:
-            _handoffs_taken.append(off)
-    import numpy
-    arr = numpy.ndarray(shape, dtype, buffer=blk, offset=byte_off, strides=strides)
-    if readonly:
-        arr.flags.writeable = False
-    return arr
-
-
-def new_array(Arena arena, shape, dtype, order="C", bint zero=False):
-    """An ndarray over a fresh block of arena (pool.empty / pool.zeros)."""
-    return _new_array(arena, shape, dtype, order, zero, -1)
-
-
-cdef object _new_array(Arena arena, shape, dtype, order, bint zero, Py_ssize_t page_of):
-    # page_of >= 0: the data starts at that offset within a page (see PAGE_MATCH_MIN_BYTES)
-    import numpy
-    dt = numpy.dtype(dtype)
-    if dt.hasobject:
-        raise TypeError(f"dtype {dt} holds Python objects, which cannot live in shared memory; "
-                        "use a numeric or structured dtype without object fields")
-    if order not in ("C", "F"):
-        raise ValueError("order must be 'C' or 'F'")
-    import operator
-    try:  # indexes only, as numpy.empty takes them: 2.5 or "10" is an error, not a shape
-        shp = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(
-            operator.index(s) for s in shape)
-    except TypeError:
-        raise TypeError(f"shape must be an int or a tuple of ints, not {shape!r}") from None
-    if any(s < 0 for s in shp):
-        raise ValueError(f"negative dimensions are not allowed: {shp}")
-    # Python ints do not wrap; the bound is what a buffer (Py_ssize_t) can span.
-    # A size past the arena's budget is SharedMemoryError from alloc, saying so.
-    n = dt.itemsize
-    for s in shp:
-        n *= s
-    if n > PY_SSIZE_T_MAX:
-        raise ValueError(f"an array of shape {shp} and dtype {dt} would take {n} bytes, more than a "
-                         "process can address")
-    pad = 0
-    if page_of >= 0 and n >= PAGE_MATCH_MIN_BYTES:
-        # cdivision: C's % keeps the sign, so stay non-negative before it
-        pad = (page_of + FP_ARENA_PAGE - arena._v.hdr % FP_ARENA_PAGE) % FP_ARENA_PAGE
-    blk = arena.alloc(n + pad)
-    arr = numpy.ndarray(shp, dt, buffer=blk, offset=pad, order=order)
-    if zero and n and not blk.fresh:
-        # a reused block holds old bytes; a fresh one is the kernel's zero pages
-        # (a 256 MiB memset would cost what the pages' first fault already did)
-        numpy.frombuffer(blk, numpy.uint8, n + pad)[:] = 0
-    return arr
-
-
-def address_of(arr):
-    """Where ndarray arr's data starts (its __array_interface__ address, without the dict).
-
-    Raises TypeError for anything that is not an ndarray."""
-    import numpy
-    if not isinstance(arr, numpy.ndarray):
-        raise TypeError(f"an ndarray is needed, not {type(arr).__name__}")
-    return fp_array_address(arr)
-
-
-def copy_in(Arena arena, src):
-    """A copy of ndarray src in a fresh block of arena, C order unless src is only
-    F-contiguous, starting at src's offset within its page when that keeps src's
-    alignment (see PAGE_MATCH_MIN_BYTES).  Raises what alloc raises."""
-    import numpy
-    order = "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
-    cdef size_t addr = fp_array_address(src)
-    page_of = <Py_ssize_t>(addr % FP_ARENA_PAGE) if addr % src.dtype.alignment == 0 else -1
-    out = _new_array(arena, src.shape, src.dtype, order, False, page_of)
-    numpy.copyto(out, src, casting="no")
-    return out
-
-
-def share(Arena arena, arr, bint readonly=False):
-    """A copy of arr in arena (pool.share): the one copy in, then descriptors only."""
-    import numpy
-    out = copy_in(arena, numpy.asarray(arr))
-    if readonly:
-        out.flags.writeable = False
-    return out
+os.register_at_fork(after_in_child=_disown_after_fork)

@@ -55,8 +55,8 @@ cdef extern from "fp_board.h" nogil:
     void fp_board_flag_attention(fp_board_t *b)
     int fp_board_take_attention(fp_board_t *b)
     void fp_board_kick(fp_board_t *b)
-    void fp_board_want(fp_board_t *b, int delta)
-    int fp_board_wanted(fp_board_t *b)
+    void fp_boardv_want(fp_boardv_t *v, int delta)
+    int fp_boardv_wanted(fp_boardv_t *v)
     void fp_slot_reset(fp_slot_t *s)
     void fp_slot_info(fp_slot_t *s, uint32_t *state, uint32_t *pid, uint64_t *current, uint64_t *heartbeat,
                       uint64_t *served)

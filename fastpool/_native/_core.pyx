@@ -27,7 +27,9 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 
 from fastpool import errors
 
-from fastpool._native._shm cimport FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map
+from fastpool._native._shm cimport (
+    FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map, fp_shm_privatise,
+)
 from fastpool._native._sys cimport (
     FP_AGAIN, FP_CORRUPT, FP_ERRNO, FP_INTR, FP_OK, FP_TIMEOUT, FP_TOOBIG, PROT_READ, PROT_WRITE, close,
     errno, munmap,
@@ -196,6 +198,16 @@ cdef class Board:
         """Unmaps and closes the fd.  Idempotent."""
         self._release()
 
+    def disown(self):
+        """In a forked child: the mapping becomes private in place and the fd is closed,
+        so nothing this process writes reaches the pool's workers or its parent (issue
+        15, section 4).  The geometry stays; the rings are a stale copy.  Idempotent."""
+        if self._base != NULL and self._fd >= 0:
+            fp_shm_privatise(self._fd, self._base, self._size, PROT_READ | PROT_WRITE)
+        if self._fd >= 0:
+            close(self._fd)
+            self._fd = -1
+
     cdef _release(self):
         if self._base != NULL:
             munmap(self._base, self._size)
@@ -281,10 +293,10 @@ cdef class Board:
     def want(self, int delta):
         """A parent thread announces (+1) or withdraws (-1) its wish to drive."""
         if self._base != NULL:
-            fp_board_want(fp_boardv_board(self._v), delta)
+            fp_boardv_want(self._v, delta)
 
     def wanted(self):
-        return self._base != NULL and fp_board_wanted(fp_boardv_board(self._v)) != 0
+        return self._base != NULL and fp_boardv_wanted(self._v) != 0
 
     def reset_slot(self, int slot):
         """Empties both rings and the slot words, and rewrites the board header from

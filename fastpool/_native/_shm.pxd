@@ -9,3 +9,4 @@ cdef extern from "fp_shm.h" nogil:
     int fp_shm_attach(int fd, void *head, size_t len, uint64_t *file_size)
     int fp_shm_dup(int fd, int min_fd, int *out)
     int fp_shm_map(int fd, uint64_t size, int prot, void **out)
+    int fp_shm_privatise(int fd, void *addr, uint64_t size, int prot)

@@ -5,43 +5,19 @@ they are importable, and by value with cloudpickle when they live in
 ``__main__`` or are lambdas/closures, so scripts and notebooks work without the
 ``if __name__ == "__main__"`` re-import that spawn needs for every call.
 
-Arrays (issue 3).  With an arena (the pool's shared memory), a custom pickler
-sends an ndarray as a descriptor -- arena token, block offset and generation,
-byte offset, dtype, shape, strides, read-only, handoff -- instead of its bytes:
-
-    arena-backed array or any view of it -> descriptor, zero bytes copied
-    a worker's result NumPy made in its   -> descriptor, zero bytes copied, when only the
-    region (fastpool/_native/_alloc.pyx)             result holds it (else copied: the worker may
-                                            change what it kept)
-    plain array >= OOB_THRESHOLD_BYTES   -> one copy into a fresh block of the
-                                            sender's region, then a descriptor
-    object dtype, small, subclasses      -> pickled as before (inline in the ring)
-    array of another (or a closed) pool  -> treated as a plain array: one copy
-
-The receiver maps each descriptor from its own mapping (its own counter).  The
-block must outlive the trip: the parent keeps a call's blocks in ``keep`` (the
-future holds them until it settles); a worker adds one reference per result
-descriptor (``handoff``) that the parent drops once it holds its own.
+Arrays travel as descriptors of the pool's shared memory: that is
+``fastpool/_runtime/_arrays.py``, which this module calls for every payload.
 """
 
 from __future__ import annotations
 
-import io
-import os
 import pickle
-import struct
-import sys
 import traceback
 import types
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
-
-if TYPE_CHECKING:
-    from numpy.typing import NDArray
+from typing import Any, Callable
 
 from fastpool import errors
-
-A = TypeVar("A", bound="NDArray[Any]")  # transfer() hands back the array it was given
 
 # The record kinds live in csrc/fp_proto.h; _core exports them.
 from fastpool._native._core import (  # noqa: E402,F401
@@ -58,15 +34,13 @@ from fastpool._native._core import (  # noqa: E402,F401
     R_READY,
     R_SKIPPED,
 )
-
-PROTOCOL = 5
-OOB_THRESHOLD_BYTES = 64 << 10  # smaller plain arrays travel inline: a block costs a page
-
-TRANSFERRED = "transferred"  # marker in a call's keep list: the task holds detached buffers
-_transfer_marks: dict[int, Any] = {}  # id(array) -> weakref, set by transfer()
-_PROCESS_ARENA: list[Any] = [None]  # a worker's own arena (results are encoded into it)
-_ndarray: Any = None
-_ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
+from fastpool._runtime._arrays import (  # noqa: E402,F401 - the result's two ends
+    PROTOCOL,
+    TRANSFERRED,
+    decode_result,
+    encode,
+    encode_result,
+)
 
 # fn -> its pickle, or (the objects it was pickled with, pickle) for one sent by value.
 # Weak keys: a dropped lambda (and whatever its closure holds) is not kept alive here.
@@ -186,315 +160,6 @@ def function_bytes(fn: Callable[..., Any]) -> bytes:
     return data
 
 
-def _np_ndarray() -> Any:
-    global _ndarray
-    if _ndarray is None and "numpy" in sys.modules:
-        _ndarray = sys.modules["numpy"].ndarray
-    return _ndarray
-
-
-def transfer(arr: A) -> A:
-    """Marks a shared array as handed to the next task (or result) it is sent with.
-
-    Once that call is submitted (or that result returned), this handle is detached:
-    indexing, ufuncs and NumPy functions, repr, len, iteration, copy/astype/tolist/
-    tobytes, and sending it again raise ``DetachedBufferError``; any other path sees
-    a zero-length read-only array, never the task's bytes.  A task holding
-    transferred buffers is never retried automatically.  Views taken from ``arr``
-    before the transfer are separate handles and stay valid.  Returns ``arr``.
-    Raises TypeError for an array that is not a view of a pool's shared memory, or a 0-d one."""
-    nd = _np_ndarray()
-    if nd is not None and type(arr) is __getattr__("DetachedArray"):
-        raise errors.DetachedBufferError("this array was already transferred to a task")
-    if nd is None or not isinstance(arr, nd) or _block_of(arr) is None:
-        raise TypeError(
-            "fastpool.transfer() takes an array from pool.empty/zeros/share (or a view "
-            f"of one), not {type(arr).__name__}; plain arrays are copied anyway"
-        )
-    if arr.ndim == 0:
-        raise TypeError("fastpool.transfer() needs an array with at least one dimension")
-    _transfer_marks[id(arr)] = weakref.ref(arr, lambda _r, k=id(arr): _transfer_marks.pop(k, None))
-    return arr
-
-
-def _block_of(arr: Any) -> Any:
-    from fastpool._native._arena import Block
-
-    nd = _np_ndarray()
-    b = arr.base
-    while isinstance(b, nd):
-        b = b.base
-    return b if isinstance(b, Block) else None
-
-
-def _detached(*_a: Any, **_k: Any) -> Any:
-    raise errors.DetachedBufferError(
-        "this array was transferred to a task with fastpool.transfer(); use the array the task "
-        "returns (or a copy taken before the transfer)"
-    )
-
-
-def _make_detached_type() -> type:
-    import numpy as np
-
-    ns: dict[str, Any] = {"__slots__": ()}
-    for name in (
-        "__getitem__",
-        "__setitem__",
-        "__array_ufunc__",
-        "__array_function__",
-        "__repr__",
-        "__str__",
-        "__len__",
-        "__iter__",
-        "__array__",
-        "__reduce__",
-        "__reduce_ex__",
-        "__copy__",
-        "__deepcopy__",
-        "copy",
-        "astype",
-        "tolist",
-        "tobytes",
-        "item",
-        "view",
-        "reshape",
-        "fill",
-        "__format__",
-    ):
-        ns[name] = _detached
-    from fastpool._native import _arena
-
-    cls = type("DetachedArray", (np.ndarray,), ns)
-    _arena.plain_instances(cls)  # same layout as ndarray, so detach() may swap the type in
-    return cls
-
-
-class _LazyDetached:
-    cls: Any = None
-
-
-def __getattr__(name: str) -> Any:
-    if name == "DetachedArray":
-        if _LazyDetached.cls is None:
-            _LazyDetached.cls = _make_detached_type()
-        return _LazyDetached.cls
-    raise AttributeError(name)
-
-
-class _ArrayPickler(pickle.Pickler):
-    """Pickles ndarrays as arena descriptors (see the module docstring)."""
-
-    def __init__(
-        self, file: Any, arena: Any, keep: list | None, handoff: bool, owned: Any = None
-    ) -> None:
-        super().__init__(file, PROTOCOL)
-        self.arena = arena
-        self.keep = keep
-        self.handoff = handoff
-        self.owned = owned  # ids of NumPy-hook arrays only the result holds: sent without a copy
-        self.handed: list = []  # blocks this worker added a reference to (undone on failure)
-        self.detach: list = []
-
-    def reducer_override(self, obj: Any) -> Any:
-        nd = _np_ndarray()
-        if nd is None or not isinstance(obj, nd):
-            return NotImplemented
-        det = __getattr__("DetachedArray")
-        if type(obj) is det:
-            _detached()
-        if type(obj) is not nd:
-            return NotImplemented
-        from fastpool._native import _arena
-
-        arena = self.arena
-        root = obj
-        while isinstance(root.base, nd):
-            root = root.base
-        blk = root.base if isinstance(root.base, _arena.Block) else None
-        # (object arrays: NumPy zero-fills them through calloc, which the hook leaves to
-        # malloc; the dtype check keeps this process's pointers from crossing regardless)
-        if (
-            blk is None
-            and self.owned is not None
-            and id(root) in self.owned
-            and not root.dtype.hasobject
-        ):
-            from fastpool._native import _alloc
-
-            blk = _alloc.adopt(root)  # made in this worker's region by NumPy: no copy
-        transferring = id(obj) in _transfer_marks
-        if blk is None or blk.owner is not arena:
-            if transferring and blk is not None:
-                raise errors.SerializationError(
-                    "a transferred array",
-                    "it belongs to another pool (or one that was shut down); "
-                    "transfer only arrays of the pool you submit to",
-                )
-            if obj.dtype.hasobject or obj.nbytes < OOB_THRESHOLD_BYTES:
-                return NotImplemented
-            dst = _arena.copy_in(arena, obj)  # the one copy: straight into shared memory
-            blk = dst.base
-            byte_off = _arena.address_of(dst) - blk.address
-            strides, readonly = dst.strides, not obj.flags.writeable
-        else:
-            byte_off = _arena.address_of(obj) - blk.address
-            strides, readonly = obj.strides, (not obj.flags.writeable) or blk.readonly
-            if transferring:
-                self.detach.append(obj)
-        if self.handoff:
-            arena.handoff(blk)
-            self.handed.append(blk)
-            src = arena.proc
-        else:
-            if self.keep is not None:
-                self.keep.append(blk)
-            src = -1
-        return (
-            _arena.rebuild,
-            (arena.token, blk.off, blk.gen, byte_off, obj.dtype, obj.shape, strides, readonly, src),
-        )
-
-
-def encode(
-    obj: Any, arena: Any, keep: list | None = None, handoff: bool = False, owned: Any = None
-) -> bytes:
-    """Pickles obj with arrays as descriptors into arena (plain dumps when arena is None).
-
-    ``keep`` collects the blocks that must live until the receiver has mapped them,
-    plus TRANSFERRED when obj carried transferred arrays; those are detached here,
-    after the pickle succeeded.  Raises what pickling raises; nothing is detached then."""
-    if arena is None:
-        return dumps(obj)
-    buf = io.BytesIO()
-    p = _ArrayPickler(buf, arena, keep, handoff, owned)
-    try:
-        p.dump(obj)
-    except BaseException:
-        for blk in p.handed:
-            arena.unref_for(arena.proc, blk.off)
-        raise
-    if handoff:
-        _LAST_HANDED[0] = (
-            arena,
-            [blk.off for blk in p.handed],
-        )  # offsets: a Block would pin its block
-    if p.detach:
-        from fastpool._native import _arena
-
-        det = __getattr__("DetachedArray")
-        for arr in p.detach:
-            _transfer_marks.pop(id(arr), None)
-            _arena.detach(arr, det)
-        if keep is not None:
-            keep.append(TRANSFERRED)
-    return buf.getvalue()
-
-
-_LAST_HANDED: list[Any] = [None]  # a worker's last result: (arena, blocks it handed to the parent)
-
-
-def release_handoff(payload: bytes | None) -> None:
-    """Takes back the references a worker handed over with its last result,
-    which will never reach the parent (it did not fit the ring)."""
-    last, _LAST_HANDED[0] = _LAST_HANDED[0], None
-    if last is not None and payload is not None:
-        arena, handed = last
-        for off in handed:
-            arena.unref_for(arena.proc, off)
-
-
-NUMPY_HOOK_ENV = "FASTPOOL_NUMPY_HOOK"  # "0": a worker's NumPy allocates with malloc only
-_HOOK_PENDING = [False]  # a worker whose hook waits for numpy to be imported
-
-
-def set_process_arena(arena: Any) -> None:
-    """A worker's own arena: results are encoded into it, and NumPy allocates large
-    arrays in it (fastpool/_native/_alloc.pyx) once numpy is imported."""
-    _PROCESS_ARENA[0] = arena
-    _HOOK_PENDING[0] = (
-        arena is not None and arena.proc != 0 and os.environ.get(NUMPY_HOOK_ENV, "1") != "0"
-    )
-    _install_hook()
-
-
-def _install_hook() -> None:
-    # Importing numpy here would cost every worker its import; a task that imports
-    # it gets the hook from its first array result on (encode_result calls this).
-    if _HOOK_PENDING[0] and "numpy" in sys.modules:
-        _HOOK_PENDING[0] = False
-        from fastpool._native import _alloc
-
-        try:
-            _alloc.install(_PROCESS_ARENA[0])
-        except (
-            RuntimeError,
-            MemoryError,
-        ) as exc:  # another NEP 49 handler: it stays, results are copied
-            import logging
-
-            logging.getLogger("fastpool").warning(
-                "fastpool: NumPy arrays are not made in shared memory: %s", exc
-            )
-
-
-def encode_result(result: Any, owned: Any = None) -> bytes:
-    """A worker's result: large arrays into its own region, handed off to the parent.
-
-    ``owned``: ids of the NumPy-hook arrays only ``result`` holds (_alloc.owned_roots);
-    they are sent as they are, every other array is copied.  The blocks handed
-    over are remembered for ``with_handoffs``."""
-    if _HOOK_PENDING[0]:
-        _install_hook()
-    _LAST_HANDED[0] = None
-    return encode(result, None if type(result) in _ATOMIC else _PROCESS_ARENA[0], None, True, owned)
-
-
-_HANDOFFS = struct.Struct("<II")  # trailer end: how many offsets, and a magic
-_HANDOFFS_MAGIC = 0x46504844  # "FPHD"
-
-
-def with_handoffs(payload: bytes) -> bytes | None:
-    """The last encoded result with the offsets of the blocks it handed over
-    appended (so the parent can take them back even if it cannot decode the
-    result); None when it handed over none."""
-    last = _LAST_HANDED[0]
-    if last is None or not last[1]:
-        return None
-    offs = last[1]
-    return (
-        payload + struct.pack(f"<{len(offs)}Q", *offs) + _HANDOFFS.pack(len(offs), _HANDOFFS_MAGIC)
-    )
-
-
-def decode_result(payload: bytes, arena: Any, src: int) -> Any:
-    """The parent's decoding of a result whose payload carries its handoffs (see
-    with_handoffs), from worker process ``src`` of ``arena``.  If decoding fails part-way, the
-    handoffs not yet taken back are dropped here, so no block stays pinned; the
-    error is then raised.  Raises SegmentCorrupt for a trailer that does not hold."""
-    from fastpool._native import _arena
-
-    end = len(payload) - _HANDOFFS.size
-    n, magic = _HANDOFFS.unpack_from(payload, end) if end >= 0 else (0, 0)
-    start = end - 8 * n
-    if magic != _HANDOFFS_MAGIC or start < 0:
-        raise errors.SegmentCorrupt("a result's list of handed-over blocks is damaged")
-    offs = struct.unpack_from(f"<{n}Q", payload, start)
-    taken: list[int] = []
-    _arena.log_handoffs(taken)
-    try:
-        return loads(memoryview(payload)[:start])
-    except BaseException:
-        for off in offs:
-            if off in taken:
-                taken.remove(off)
-            else:
-                arena.unref_for(src, off)
-        raise
-    finally:
-        _arena.log_handoffs(None)
-
-
 def encode_args(
     obj: Any, args: Any, kwargs: dict, arena: Any = None, keep: list | None = None
 ) -> bytes:
@@ -503,7 +168,7 @@ def encode_args(
     With ``arena``, arrays travel as descriptors (see ``encode``).  Raises
     SerializationError naming the argument that cannot be pickled."""
     try:
-        return encode(obj, arena, keep)
+        return encode(obj, arena, keep)[0]
     except errors.FastPoolError:
         raise
     except Exception as exc:
@@ -582,7 +247,7 @@ def encode_init(init_call: tuple, arena: Any, keep: list) -> bytes:
     """The K_INIT payload: shared arrays in initargs travel as descriptors, so every
     replacement worker maps them instead of receiving their bytes again."""
     try:
-        return encode(init_call, arena, keep)
+        return encode(init_call, arena, keep)[0]
     except errors.FastPoolError:
         raise
     except Exception as exc:

@@ -75,7 +75,6 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
     cdef Py_ssize_t outn
     encode_exception = _codec.encode_exception
     encode_result = _codec.encode_result
-    with_handoffs = _codec.with_handoffs
     encode_bad_result = _codec.encode_bad_result
     run_chunk = _call.run_chunk
     while True:
@@ -115,6 +114,7 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
         rkind = FP_R_OK
         damaged = False
         flags = 0
+        handed = None
         try:
             fn = fns.get(fid)
             if fn is None:
@@ -140,10 +140,9 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
                 else:
                     try:
                         # owned_roots first, while serve's local is the result's only holder
-                        out = encode_result(result, owned_roots(result))
-                        marked = with_handoffs(out)
-                        if marked is not None:  # the parent can take them back whatever happens
-                            out, flags = marked, FP_AUX_HANDOFFS
+                        out, handed = encode_result(result, owned_roots(result))
+                        if handed is not None:  # the parent can take them back whatever happens
+                            flags = FP_AUX_HANDOFFS
                     except errors.SharedMemoryError as exc:  # the arena is full: say so, as itself
                         out, rkind = encode_exception(exc), FP_R_ERR
                     except errors.SegmentCorrupt as exc:  # its arena region was written over
@@ -161,7 +160,8 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
         try:
             sent = board.put_result(slot, rkind, wire, (fp_now_ns() - t0) | flags, outp, outn, RESULT_WAIT_NS) == 1
         except Exception as exc:  # noqa: BLE001 - a result over the ring limit: say so instead
-            _codec.release_handoff(out)
+            if handed is not None:
+                handed.release()
             flags = 0
             err = encode_exception(exc)
             sent = board.put_result(slot, FP_R_ERR, wire, fp_now_ns() - t0, PyBytes_AS_STRING(err),

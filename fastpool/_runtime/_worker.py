@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any
 
-from fastpool._runtime import _call, _codec
+from fastpool._runtime import _arrays, _call, _codec
 from fastpool._runtime._codec import R_INIT_FAILED, R_READY
 
 HEARTBEAT_INTERVAL_S = 0.05
@@ -49,7 +49,7 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
     if arena_fd >= 0:  # before K_INIT: initargs may hold shared arrays
         from fastpool._native._arena import Arena
 
-        _codec.set_process_arena(Arena.attach(arena_fd, slot + 1))
+        _arrays.set_process_arena(Arena.attach(arena_fd, slot + 1))
         os.close(arena_fd)
     pid = os.getpid()
     board.set_state(slot, SLOT_STARTING, pid)

@@ -40,6 +40,9 @@ from fastpool._supervision._verdict import Cause, Kill
 
 log = logging.getLogger("fastpool")
 
+# The worker loop's own exits, taken between tasks (fastpool/_runtime/_serve.pyx):
+# a result that found no room, a damaged task ring, a damaged arena region.
+_EXITS_BETWEEN_TASKS = frozenset((5, 6, 7))
 EXIT_STATUS_WAIT_S = 1.0
 STOP_GRACE_S = 2.0
 DEFAULT_START_TIMEOUT_S = 60.0
@@ -294,6 +297,14 @@ class Supervisor:
                     )
                 tasks = []
             victim = next((t for t in tasks if t.wire == current), None)
+            if victim is None and tasks and kill is None and not self.stopping:
+                if exitcode not in _EXITS_BETWEEN_TASKS:
+                    # `current` is a word the task itself can overwrite.  A death nobody
+                    # asked for, outside the worker loop's own exits between tasks, hit
+                    # the oldest task held (the only one that can have started): it is
+                    # judged, so a non-pure task that scribbled `current` never runs
+                    # again (issue 15, section 7).
+                    victim = tasks[0]
             disp.requeue([t for t in tasks if t is not victim])  # never started: back to the front
             planned = self.stopping or (kill is not None and kill.cause.planned)
             if planned and victim is None:

@@ -26,7 +26,7 @@ import pytest
 from conftest import make_pool
 
 from fastpool import errors
-from fastpool._native import _arena
+from fastpool._native import _arena, _ndarray
 
 MIB = 1 << 20
 PAGE = 4096
@@ -136,7 +136,7 @@ def test_a_process_scribbling_arena_headers_never_hangs_or_crashes_the_parent():
     corrupt_total = 0
     for round_ in range(ROUNDS):
         arena = _arena.Arena.create(3, 16 * MIB)
-        held = [_arena.new_array(arena, n, np.float64) for n in (1000, 30_000, 5)]
+        held = [_ndarray.new_array(arena, n, np.float64) for n in (1000, 30_000, 5)]
         for i, arr in enumerate(held):
             arr[:] = i + 0.5
         parent_blocks = [_block(a).off for a in held]
@@ -192,9 +192,10 @@ def test_the_size_that_looped_reclaim_for_ever_is_reported_at_once():
 WRITER = r"""
 import ctypes, sys
 from fastpool._native import _arena
+from fastpool._runtime import _arrays
 a = _arena.Arena.attach(int(sys.argv[1]), 1)
-off, gen, readonly = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "ro"
-arr = _arena.rebuild(a.token, off, gen, 0, "f8", (1000,), (8,), readonly, -1)
+off, gen, ro = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "ro"
+arr = _arrays.rebuild(*_arrays.Descriptor(a.token, off, gen, 0, "f8", (1000,), (8,), ro))
 print("mapped", flush=True)
 ctypes.memset(arr.ctypes.data, 0x7f, 8000)
 print("wrote", flush=True)
@@ -205,7 +206,7 @@ print("wrote", flush=True)
 @pytest.mark.parametrize("mode", ["ro", "rw"])
 def test_a_readonly_array_is_mapped_read_only_in_the_process_that_receives_it(mode):
     arena = _arena.Arena.create(2, 8 * MIB)
-    arr = _arena.share(arena, np.full(1000, 3.0), readonly=mode == "ro")
+    arr = _ndarray.share(arena, np.full(1000, 3.0), readonly=mode == "ro")
     blk = _block(arr)
     child = subprocess.run(
         [sys.executable, "-c", WRITER, str(arena.fileno()), str(blk.off), str(blk.gen), mode],

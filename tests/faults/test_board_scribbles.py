@@ -92,3 +92,44 @@ def test_a_corrupt_result_ring_fails_that_workers_tasks_with_segment_corrupt() -
         assert rec["cause"] == "corrupt" and rec["by_fastpool"]
         assert pool.stats()["corrupt"] == 1
         _still_serves(pool)
+
+
+# ---- the parent decides from its own state (issue 15, section 7) --------------------
+
+
+@pytest.mark.parametrize("value", [1, (1 << 32) - 1])
+def test_the_board_headers_old_want_word_cannot_stall_the_collector(value: int) -> None:
+    import concurrent.futures
+    import threading
+
+    with make_pool(2) as pool:
+        assert pool.submit(_faulty.scribble, "board_want", value).result(timeout=SETTLE_S)
+        called = threading.Event()
+        futs = [pool.submit(_tasks.double, i) for i in range(20)]
+        futs[-1].add_done_callback(lambda _f: called.set())
+        # Nobody drives from this thread: only the collector can settle these.
+        done, pending = concurrent.futures.wait(futs, timeout=SETTLE_S)
+        assert not pending and called.wait(SETTLE_S)
+        assert [f.result() for f in futs] == [2 * i for i in range(20)]
+
+
+@pytest.mark.parametrize("value", [0, 12345, (1 << 64) - 1])
+def test_a_task_that_scribbles_its_current_word_and_dies_runs_once(tmp_path, value) -> None:
+    from fastpool._runtime import _serve
+    from fastpool._supervision import _supervisor
+
+    assert _supervisor._EXITS_BETWEEN_TASKS == {
+        _serve.EXIT_RESULT_STUCK,
+        _serve.EXIT_TASK_RING_CORRUPT,
+        _serve.EXIT_ARENA_CORRUPT,
+    }
+    path = str(tmp_path / "runs")
+    with make_pool(1, backoff_base_s=0.01) as pool:
+        doomed = pool.submit(_faulty.append_id_scribble_current_then_die, path, 7, value)
+        behind = [pool.submit(_faulty.append_id, path, i) for i in range(3)]
+        with pytest.raises(fastpool.WorkerCrashed):
+            doomed.result(timeout=SETTLE_S)
+        assert [f.result(timeout=SETTLE_S) for f in behind] == [0, 1, 2]
+    with open(path) as f:
+        runs = f.read().split()
+    assert runs.count("7") == 1 and sorted(runs) == ["0", "1", "2", "7"]

@@ -78,13 +78,13 @@ def test_an_array_a_task_returns_reaches_the_next_task_without_a_copy(pool: fast
 def test_an_array_in_a_tuple_a_task_returns_reaches_the_parent_without_a_copy(
     pool: fastpool.Pool,
 ) -> None:
-    from fastpool._native import _arena
+    from fastpool._native import _ndarray
 
     # Dask wraps a task's value as [(key, (value, id), failed)]: the array sits four deep
     ((arr, where_in_worker),) = dask.compute(
         delayed(_arrays.make_with_where)(32 * MIB), scheduler=pool
     )
-    assert _arena.address_of(arr) - pool._arena.base_address == where_in_worker
+    assert _ndarray.address_of(arr) - pool._arena.base_address == where_in_worker
     assert arr[0] == 2.0
 
 

@@ -11,14 +11,14 @@ import _arrays
 import numpy as np
 from conftest import make_pool
 
-from fastpool._native import _alloc, _arena
+from fastpool._native import _alloc, _ndarray
 
 RESULT_S = 60
 N = 1 << 18  # float64: 2 MiB, over the hook's 1 MiB threshold
 
 
 def _where(pool, arr: np.ndarray) -> int:
-    return _arena.address_of(arr) - pool._arena.base_address
+    return _ndarray.address_of(arr) - pool._arena.base_address
 
 
 def test_a_new_result_array_reaches_the_parent_without_a_copy(pool):

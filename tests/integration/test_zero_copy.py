@@ -18,6 +18,7 @@ from conftest import make_pool
 
 import fastpool
 from fastpool._runtime import _codec
+from fastpool._runtime._arrays import _block_of
 
 RESULT_S = 60
 
@@ -56,7 +57,7 @@ def test_a_plain_large_array_goes_through_shared_memory_both_ways(pool):
     assert pool.submit(_arrays.info, arr).result(timeout=RESULT_S)["shared"]
     out = pool.submit(_tasks.double, arr).result(timeout=RESULT_S)
     assert np.array_equal(out, arr * 2)
-    assert _codec._block_of(out) is not None  # the result arrived as a shared block, not bytes
+    assert _block_of(out) is not None  # the result arrived as a shared block, not bytes
     del out  # the last reference to the result's block: the block goes back to the arena
     assert pool._arena.usage()["live_blocks"] == 0  # and so did the copy of arr the call used
 

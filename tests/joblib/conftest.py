@@ -1,6 +1,6 @@
 """The joblib backend's tests share its pools (starting workers and importing
-scikit-learn in them is the slow part), and the directory as a whole must leave
-nothing behind: after the last test, ``fastpool.joblib.shutdown()`` ends every pool,
+scikit-learn in them is the slow part) within a module, and each module must leave
+nothing behind: after its last test, ``fastpool.joblib.shutdown()`` ends every pool,
 and no worker process, /dev/shm entry or joblib temporary folder may remain.
 """
 
@@ -22,7 +22,9 @@ def shm_names() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
-@pytest.fixture(scope="package", autouse=True)
+# Module scope: tests/joblib is a directory, not a package, so a "package" fixture would
+# last the whole session and the pools would outlive these tests into the others'.
+@pytest.fixture(scope="module", autouse=True)
 def _nothing_left_behind() -> Iterator[None]:
     procs0, shm0 = workers_alive(), shm_names()
     yield

@@ -497,6 +497,26 @@ TEST(parent_views_survive_a_scribbled_header)
     }
 }
 
+/* The count of parent threads that drive lives in the parent's view: no word of
+ * the segment, written to anything, changes what the collector decides (issue 15, 7). */
+TEST(drivers_are_counted_in_the_parents_view_not_the_segment)
+{
+    tboard_t *t = board_new(2, 4096);
+    CHECK_EQ(fp_boardv_wanted(&t->parent), 0);
+    memset((unsigned char *)t->b + offsetof(fp_board_t, _unused0), 0xff, sizeof(fp_a32));
+    memset(t->b->_pad1, 0xff, sizeof(t->b->_pad1));
+    CHECK_EQ(fp_boardv_wanted(&t->parent), 0);
+    fp_boardv_want(&t->parent, 1);
+    fp_boardv_want(&t->parent, 1);
+    memset((unsigned char *)t->b + offsetof(fp_board_t, _unused0), 0, sizeof(fp_a32));
+    CHECK_EQ(fp_boardv_wanted(&t->parent), 1);
+    fp_boardv_want(&t->parent, -1);
+    CHECK_EQ(fp_boardv_wanted(&t->parent), 1);
+    fp_boardv_want(&t->parent, -1);
+    CHECK_EQ(fp_boardv_wanted(&t->parent), 0);
+    board_free(t);
+}
+
 /* ---- slot words -------------------------------------------------------------- */
 
 TEST(slot_info_state_beat_and_served)

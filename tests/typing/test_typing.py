@@ -26,6 +26,7 @@ CONFIG = HERE / "mypy.ini"
 COMPILED = [
     "fastpool._native._core",
     "fastpool._native._arena",
+    "fastpool._native._ndarray",
     "fastpool._runtime._task",
     "fastpool._runtime._dispatch",
     "fastpool._runtime._control",

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from fastpool._native import _alloc, _arena
+from fastpool._native import _alloc, _arena, _ndarray
 
 MIB = 1 << 20
 
@@ -30,7 +30,7 @@ def arenas():
 
 def in_region(arena: _arena.Arena, arr: np.ndarray) -> bool:
     lo = arena.base_address + arena.regions_offset + arena.proc * arena.region_bytes
-    return lo <= _arena.address_of(arr) < lo + arena.region_bytes
+    return lo <= _ndarray.address_of(arr) < lo + arena.region_bytes
 
 
 def hooked(worker: _arena.Arena, fn, **install):
@@ -66,12 +66,12 @@ def test_the_next_array_reuses_the_freed_block(arenas):
 
     def twice():
         first = np.empty(4 * MIB // 8)
-        where = _arena.address_of(first)
+        where = _ndarray.address_of(first)
         del first
         return where, np.empty(4 * MIB // 8)
 
     where, second = hooked(worker, twice)
-    assert _arena.address_of(second) == where  # pages the first one faulted in: warm
+    assert _ndarray.address_of(second) == where  # pages the first one faulted in: warm
 
 
 def test_a_view_keeps_the_block_after_its_base_is_dropped(arenas):
@@ -144,7 +144,7 @@ def test_adopt_gives_a_block_on_the_arrays_own_bytes(arenas):
     _, worker = arenas
     arr = hooked(worker, lambda: np.full(MIB, 7.0))
     blk = _alloc.adopt(arr)
-    assert blk.address == _arena.address_of(arr) and worker.count(1, blk.off) == 2
+    assert blk.address == _ndarray.address_of(arr) and worker.count(1, blk.off) == 2
     assert _alloc.adopt(np.ones(MIB)) is None  # malloc's: copied when sent
     del arr
     assert worker.count(1, blk.off) == 1  # the Block's reference alone
@@ -178,7 +178,7 @@ def test_a_forked_child_uses_malloc_and_leaves_the_workers_blocks_alone(arenas):
     got = os.read(r, 1)
     os.close(r)
     assert got == b"1"
-    off = _arena.address_of(arr) - worker.base_address - worker.header_bytes
+    off = _ndarray.address_of(arr) - worker.base_address - worker.header_bytes
     assert worker.count(1, off) == 1 and arr.sum() == MIB
     del arr
     assert worker.usage()["live_blocks"] == 0

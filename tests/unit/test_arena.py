@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fastpool import errors
-from fastpool._native import _arena
+from fastpool._native import _arena, _ndarray
 
 MIB = 1 << 20
 PAGE = 4096
@@ -51,7 +51,7 @@ def region_base(arena, r: int) -> int:
 
 
 def filled(arena, n: int, value: float) -> np.ndarray:
-    arr = _arena.new_array(arena, n, np.float64)
+    arr = _ndarray.new_array(arena, n, np.float64)
     arr[:] = value
     return arr
 
@@ -96,13 +96,13 @@ def test_a_budget_that_is_not_an_int_is_a_type_error(budget):
 @pytest.mark.parametrize("shape", [(2**40, 2**40), (2**62,), (2**31, 2**31, 4)])
 def test_an_array_whose_byte_size_overflows_is_a_value_error(arena, shape):
     with pytest.raises(ValueError, match="more than a process can address"):
-        _arena.new_array(arena, shape, np.float64)
+        _ndarray.new_array(arena, shape, np.float64)
 
 
 def test_an_array_larger_than_the_budget_is_a_shared_memory_error(arena):
     with pytest.raises(errors.SharedMemoryError, match="arena_bytes"):
-        _arena.new_array(arena, (MIB, 16), np.float64)  # 128 MiB in an 8 MiB arena
-    assert _arena.new_array(arena, 1000, np.float64).shape == (1000,)  # nothing was spent
+        _ndarray.new_array(arena, (MIB, 16), np.float64)  # 128 MiB in an 8 MiB arena
+    assert _ndarray.new_array(arena, 1000, np.float64).shape == (1000,)  # nothing was spent
 
 
 def test_the_memfd_cannot_be_shrunk_or_grown_by_anyone_holding_its_fd(arena):
@@ -295,29 +295,29 @@ def test_a_worker_may_not_reset_another_process_s_region(arena):
 
 
 def test_zeros_on_a_fresh_block_skip_the_memset_and_on_a_reused_one_clear_old_bytes(arena):
-    first = _arena.new_array(arena, MIB // 8, np.float64, zero=True)
+    first = _ndarray.new_array(arena, MIB // 8, np.float64, zero=True)
     assert first.base.fresh and not first.any()
     first[:] = 7.0
     del first
-    again = _arena.new_array(arena, MIB // 8, np.float64, zero=True)
+    again = _ndarray.new_array(arena, MIB // 8, np.float64, zero=True)
     assert not again.base.fresh and not again.any()  # the same block, its 7.0s cleared
 
 
 def test_a_large_copy_starts_at_the_sources_offset_in_its_page(arena):
     src = np.arange(MIB // 8 + 3, dtype=np.float64)[3:]  # 24 bytes into a malloc'd buffer
-    out = _arena.copy_in(arena, src)
-    assert _arena.address_of(out) % PAGE == _arena.address_of(src) % PAGE
+    out = _ndarray.copy_in(arena, src)
+    assert _ndarray.address_of(out) % PAGE == _ndarray.address_of(src) % PAGE
     assert np.array_equal(out, src) and out.base.nbytes >= out.nbytes
-    small = _arena.copy_in(arena, np.ones(1000))
-    assert _arena.address_of(small) == small.base.address  # small copies: no padding
+    small = _ndarray.copy_in(arena, np.ones(1000))
+    assert _ndarray.address_of(small) == small.base.address  # small copies: no padding
 
 
 def test_a_dead_workers_free_blocks_give_their_pages_back(arena):
     worker = _arena.Arena.attach(arena.fileno(), 1)
     try:
-        mine = _arena.new_array(worker, MIB // 8, np.float64)
+        mine = _ndarray.new_array(worker, MIB // 8, np.float64)
         mine[:] = 5.0
-        kept = _arena.new_array(worker, MIB // 8, np.float64)
+        kept = _ndarray.new_array(worker, MIB // 8, np.float64)
         kept[:] = 6.0
         seen = np.frombuffer(
             arena.ref(kept.base.off, kept.base.gen, False), np.float64, kept.size

@@ -104,6 +104,7 @@ COMPILED_LAYERS = [
     "fastpool._native._shm",
     "fastpool._native._core",
     "fastpool._native._arena",
+    "fastpool._native._ndarray",
     "fastpool._native._alloc",
     "fastpool._runtime._task",
     "fastpool._runtime._slots",

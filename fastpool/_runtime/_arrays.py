@@ -1,0 +1,411 @@
+"""Arrays across processes: the descriptor, both of its ends, transfer(), the handoff
+trailer and the worker's NumPy hook glue, beside the arena (fastpool/_native/_arena.pyx).
+
+With an arena (the pool's shared memory), ``ArrayPickler`` sends an ndarray as a
+``Descriptor`` instead of its bytes, and ``rebuild`` turns the same ``Descriptor`` back
+into a view of the block in the receiver's own mapping:
+
+    arena-backed array or any view of it -> descriptor, zero bytes copied
+    a worker's result NumPy made in its   -> descriptor, zero bytes copied, when only the
+    region (fastpool/_native/_alloc.pyx)     result holds it (else copied: the worker may
+                                             change what it kept)
+    plain array >= OOB_THRESHOLD_BYTES   -> one copy into a fresh block of the
+                                            sender's region, then a descriptor
+    object dtype, small, subclasses      -> pickled as before (inline in the ring)
+    array of another (or a closed) pool  -> treated as a plain array: one copy
+
+The block must outlive the trip.  Parent to worker: the parent keeps a call's blocks
+in ``keep`` (the future holds them until it settles).  Worker to parent: the worker
+adds one reference per descriptor (a handoff) and appends their offsets to the result
+(the trailer, ``Handed``); the parent drops them all once it holds its own
+references, whether or not the result could be decoded (``decode_result``).
+
+    worker: encode_result(r) -> (payload + trailer, Handed) ---ring---> parent:
+            Handed.release() if the ring refused it                     decode_result(payload)
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import sys
+import weakref
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from fastpool import errors
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+A = TypeVar("A", bound="NDArray[Any]")  # transfer() hands back the array it was given
+
+PROTOCOL = 5
+OOB_THRESHOLD_BYTES = 64 << 10  # smaller plain arrays travel inline: a block costs a page
+TRANSFERRED = "transferred"  # marker in a call's keep list: the task holds detached buffers
+NUMPY_HOOK_ENV = "FASTPOOL_NUMPY_HOOK"  # "0": a worker's NumPy allocates with malloc only
+
+_ATOMIC = frozenset((int, float, str, bytes, bool, type(None), complex))
+_transfer_marks: dict[int, Any] = {}  # id(array) -> weakref, set by transfer()
+_PROCESS_ARENA: list[Any] = [None]  # a worker's own arena (results are encoded into it)
+_HOOK_PENDING = [False]  # a worker whose hook waits for numpy to be imported
+_ndarray_type: Any = None
+
+
+def _np_ndarray() -> Any:
+    global _ndarray_type
+    if _ndarray_type is None and "numpy" in sys.modules:
+        _ndarray_type = sys.modules["numpy"].ndarray
+    return _ndarray_type
+
+
+def is_ndarray(x: Any) -> bool:
+    """True for a plain ndarray with at least one dimension, without importing NumPy."""
+    nd = _np_ndarray()
+    return nd is not None and type(x) is nd and x.ndim >= 1
+
+
+# ---------------------------------------------------------------------------------
+# The descriptor: what the sender writes and the receiver reads, one type.
+
+
+class Descriptor(NamedTuple):
+    """An array in a pool's arena, named so that any process of that pool can map it."""
+
+    token: int  # the arena's token: which pool's shared memory
+    off: int  # the block's header offset in the arena
+    gen: int  # the block's generation: a reused block is refused, not mapped
+    byte_off: int  # where the array's first element sits in the block's data
+    dtype: Any
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    readonly: bool
+
+    def wire(self) -> tuple[Any, tuple[Any, ...]]:
+        """The pickle reduction: the receiver calls ``rebuild(*self)``."""
+        return rebuild, tuple(self)
+
+
+def rebuild(*fields: Any) -> NDArray[Any]:
+    """Unpickles a Descriptor: a view of its block from this process's own mapping,
+    holding this process's own reference.
+
+    Raises SharedMemoryError when this process has no open arena of that token (a
+    pool that is shut down, or another pool), and SegmentCorrupt (or RegionCorrupt)
+    when the block's header does not check out."""
+    from fastpool._native import _arena
+
+    d = Descriptor(*fields)
+    arena = _arena.lookup(d.token)
+    if arena is None:
+        raise errors.SharedMemoryError(
+            "this array lives in the shared memory of a pool that is shut down, or of another "
+            "pool than the one this process serves; pass it by value (np.array(arr)) instead"
+        )
+    blk = arena.ref(d.off, d.gen, d.readonly)
+    import numpy
+
+    arr = numpy.ndarray(d.shape, d.dtype, buffer=blk, offset=d.byte_off, strides=d.strides)
+    if d.readonly:
+        arr.flags.writeable = False
+    return arr
+
+
+def _block_of(arr: Any) -> Any:
+    from fastpool._native._arena import Block
+
+    nd = _np_ndarray()
+    b = arr.base
+    while isinstance(b, nd):
+        b = b.base
+    return b if isinstance(b, Block) else None
+
+
+# ---------------------------------------------------------------------------------
+# transfer(): a sender's handle given up with the call or result it travels in.
+
+
+def transfer(arr: A) -> A:
+    """Marks a shared array as handed to the next task (or result) it is sent with.
+
+    Once that call is submitted (or that result returned), this handle is detached:
+    indexing, ufuncs and NumPy functions, repr, len, iteration, copy/astype/tolist/
+    tobytes, and sending it again raise ``DetachedBufferError``; any other path sees
+    a zero-length read-only array, never the task's bytes.  A task holding
+    transferred buffers is never retried automatically.  Views and buffer exports
+    (``arr[2:]``, ``memoryview(arr)``, ``np.frombuffer(arr)``) taken before the
+    transfer are separate handles: they stay valid memory and keep the block from
+    being reused while they live, and they see what the task writes.  Returns ``arr``.
+    Raises TypeError for an array that is not a view of a pool's shared memory, or a
+    0-d one.  Thread-safe for distinct arrays."""
+    nd = _np_ndarray()
+    if nd is not None and type(arr) is __getattr__("DetachedArray"):
+        raise errors.DetachedBufferError("this array was already transferred to a task")
+    if nd is None or not isinstance(arr, nd) or _block_of(arr) is None:
+        raise TypeError(
+            "fastpool.transfer() takes an array from pool.empty/zeros/share (or a view "
+            f"of one), not {type(arr).__name__}; plain arrays are copied anyway"
+        )
+    if arr.ndim == 0:
+        raise TypeError("fastpool.transfer() needs an array with at least one dimension")
+    _transfer_marks[id(arr)] = weakref.ref(arr, lambda _r, k=id(arr): _transfer_marks.pop(k, None))
+    return arr
+
+
+def _detached(*_a: Any, **_k: Any) -> Any:
+    raise errors.DetachedBufferError(
+        "this array was transferred to a task with fastpool.transfer(); use the array the task "
+        "returns (or a copy taken before the transfer)"
+    )
+
+
+_DETACHED_METHODS = (
+    "__getitem__",
+    "__setitem__",
+    "__array_ufunc__",
+    "__array_function__",
+    "__repr__",
+    "__str__",
+    "__len__",
+    "__iter__",
+    "__array__",
+    "__reduce__",
+    "__reduce_ex__",
+    "__copy__",
+    "__deepcopy__",
+    "copy",
+    "astype",
+    "tolist",
+    "tobytes",
+    "item",
+    "view",
+    "reshape",
+    "fill",
+    "__format__",
+)
+
+
+def _make_detached_type() -> type:
+    import numpy as np
+
+    from fastpool._native import _ndarray
+
+    ns: dict[str, Any] = {"__slots__": ()}
+    for name in _DETACHED_METHODS:
+        ns[name] = _detached
+    cls = type("DetachedArray", (np.ndarray,), ns)
+    _ndarray.plain_instances(cls)  # same layout as ndarray, so detach() may swap the type in
+    return cls
+
+
+class _LazyDetached:
+    cls: Any = None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DetachedArray":
+        if _LazyDetached.cls is None:
+            _LazyDetached.cls = _make_detached_type()
+        return _LazyDetached.cls
+    raise AttributeError(name)
+
+
+# ---------------------------------------------------------------------------------
+# The sender's end.
+
+
+class ArrayPickler(pickle.Pickler):
+    """Pickles ndarrays as Descriptors into ``arena`` (see the module docstring)."""
+
+    def __init__(
+        self, file: Any, arena: Any, keep: list | None, handoff: bool, owned: Any = None
+    ) -> None:
+        super().__init__(file, PROTOCOL)
+        self.arena = arena
+        self.keep = keep
+        self.handoff = handoff
+        self.owned = owned  # ids of NumPy-hook arrays only the result holds: sent without a copy
+        self.handed: list[int] = []  # offsets of blocks this worker added a reference to
+        self.detach: list = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        nd = _np_ndarray()
+        if nd is None or not isinstance(obj, nd):
+            return NotImplemented
+        if type(obj) is __getattr__("DetachedArray"):
+            _detached()
+        if type(obj) is not nd:
+            return NotImplemented
+        from fastpool._native import _arena, _ndarray
+
+        arena = self.arena
+        root = obj
+        while isinstance(root.base, nd):
+            root = root.base
+        blk = root.base if isinstance(root.base, _arena.Block) else None
+        # (object arrays: NumPy zero-fills them through calloc, which the hook leaves to
+        # malloc; the dtype check keeps this process's pointers from crossing regardless)
+        if (
+            blk is None
+            and self.owned is not None
+            and id(root) in self.owned
+            and not root.dtype.hasobject
+        ):
+            from fastpool._native import _alloc
+
+            blk = _alloc.adopt(root)  # made in this worker's region by NumPy: no copy
+        transferring = id(obj) in _transfer_marks
+        if blk is None or blk.owner is not arena:
+            if transferring and blk is not None:
+                raise errors.SerializationError(
+                    "a transferred array",
+                    "it belongs to another pool (or one that was shut down); "
+                    "transfer only arrays of the pool you submit to",
+                )
+            if obj.dtype.hasobject or obj.nbytes < OOB_THRESHOLD_BYTES:
+                return NotImplemented
+            dst = _ndarray.copy_in(arena, obj)  # the one copy: straight into shared memory
+            blk = dst.base
+            byte_off = _ndarray.address_of(dst) - blk.address
+            strides, readonly = dst.strides, not obj.flags.writeable
+        else:
+            byte_off = _ndarray.address_of(obj) - blk.address
+            strides, readonly = obj.strides, (not obj.flags.writeable) or blk.readonly
+            if transferring:
+                self.detach.append(obj)
+        if self.handoff:
+            arena.handoff(blk)
+            self.handed.append(blk.off)  # an offset: a Block would pin its block
+        elif self.keep is not None:
+            self.keep.append(blk)
+        desc = Descriptor(
+            arena.token, blk.off, blk.gen, byte_off, obj.dtype, obj.shape, strides, readonly
+        )
+        return desc.wire()
+
+
+def encode(
+    obj: Any, arena: Any, keep: list | None = None, handoff: bool = False, owned: Any = None
+) -> tuple[bytes, list[int]]:
+    """Pickles obj with arrays as Descriptors into arena (plain pickle when arena is None).
+
+    Returns the pickle and the offsets of the blocks handed off (``handoff``: one
+    reference each, added for the receiver).  ``keep`` collects the blocks that must
+    live until the receiver has mapped them, plus TRANSFERRED when obj carried
+    transferred arrays; those are detached here, after the pickle succeeded.
+    Raises what pickling raises; nothing is detached nor handed off then."""
+    if arena is None:
+        return pickle.dumps(obj, PROTOCOL), []
+    buf = io.BytesIO()
+    p = ArrayPickler(buf, arena, keep, handoff, owned)
+    try:
+        p.dump(obj)
+    except BaseException:
+        for off in p.handed:
+            arena.unref_for(arena.proc, off)
+        raise
+    if p.detach:
+        from fastpool._native import _ndarray
+
+        det = __getattr__("DetachedArray")
+        for arr in p.detach:
+            _transfer_marks.pop(id(arr), None)
+            _ndarray.detach(arr, det)
+        if keep is not None:
+            keep.append(TRANSFERRED)
+    return buf.getvalue(), p.handed
+
+
+# ---------------------------------------------------------------------------------
+# The handoff trailer: a worker's result, and the blocks it handed the parent.
+
+_HANDOFFS = struct.Struct("<II")  # trailer end: how many offsets, and a magic
+_HANDOFFS_MAGIC = 0x46504844  # "FPHD"
+
+
+class Handed:
+    """The references a worker handed over with one result, until the parent has them."""
+
+    __slots__ = ("arena", "offsets")
+
+    def __init__(self, arena: Any, offsets: list[int]) -> None:
+        self.arena, self.offsets = arena, offsets
+
+    def release(self) -> None:
+        """Takes them back: the result will never reach the parent (it did not fit the ring)."""
+        offsets, self.offsets = self.offsets, []
+        for off in offsets:
+            self.arena.unref_for(self.arena.proc, off)
+
+
+def encode_result(result: Any, owned: Any = None) -> tuple[bytes, Handed | None]:
+    """A worker's result: large arrays into its own region, handed off to the parent.
+
+    ``owned``: ids of the NumPy-hook arrays only ``result`` holds (_alloc.owned_roots);
+    they are sent as they are, every other array is copied.  Returns the payload and,
+    when it handed blocks over, a Handed: the payload then ends with the trailer (their
+    offsets, so the parent can take them back even if it cannot decode the result)."""
+    if _HOOK_PENDING[0]:
+        _install_hook()
+    arena = None if type(result) in _ATOMIC else _PROCESS_ARENA[0]
+    payload, offs = encode(result, arena, None, True, owned)
+    if not offs:
+        return payload, None
+    trailer = struct.pack(f"<{len(offs)}Q", *offs) + _HANDOFFS.pack(len(offs), _HANDOFFS_MAGIC)
+    return payload + trailer, Handed(arena, offs)
+
+
+def decode_result(payload: bytes, arena: Any, src: int) -> Any:
+    """The parent's decoding of a result that carries a handoff trailer, from worker
+    process ``src`` of ``arena``.  The worker's handoff references are dropped once
+    decoding ends, however it ends, so no block stays pinned: the arrays rebuilt hold
+    this process's own references by then.  Raises what unpickling raises, and
+    SegmentCorrupt for a trailer that does not hold."""
+    end = len(payload) - _HANDOFFS.size
+    n, magic = _HANDOFFS.unpack_from(payload, end) if end >= 0 else (0, 0)
+    start = end - 8 * n
+    if magic != _HANDOFFS_MAGIC or start < 0:
+        raise errors.SegmentCorrupt("a result's list of handed-over blocks is damaged")
+    offs = struct.unpack_from(f"<{n}Q", payload, start)
+    try:
+        return pickle.loads(memoryview(payload)[:start])
+    finally:
+        for off in offs:
+            arena.unref_for(src, off)
+
+
+# ---------------------------------------------------------------------------------
+# The worker's arena and NumPy hook.
+
+
+def process_arena() -> Any:
+    """This worker's own arena (None in the parent or before attach)."""
+    return _PROCESS_ARENA[0]
+
+
+def set_process_arena(arena: Any) -> None:
+    """A worker's own arena: results are encoded into it, and NumPy allocates large
+    arrays in it (fastpool/_native/_alloc.pyx) once numpy is imported."""
+    _PROCESS_ARENA[0] = arena
+    _HOOK_PENDING[0] = (
+        arena is not None and arena.proc != 0 and os.environ.get(NUMPY_HOOK_ENV, "1") != "0"
+    )
+    _install_hook()
+
+
+def _install_hook() -> None:
+    # Importing numpy here would cost every worker its import; a task that imports
+    # it gets the hook from its first array result on (encode_result calls this).
+    if _HOOK_PENDING[0] and "numpy" in sys.modules:
+        _HOOK_PENDING[0] = False
+        from fastpool._native import _alloc
+
+        try:
+            _alloc.install(_PROCESS_ARENA[0])
+        except (RuntimeError, MemoryError) as exc:  # another NEP 49 handler: results are copied
+            import logging
+
+            logging.getLogger("fastpool").warning(
+                "fastpool: NumPy arrays are not made in shared memory: %s", exc
+            )
