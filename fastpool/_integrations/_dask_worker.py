@@ -36,7 +36,8 @@ from typing import Any, Callable
 import cloudpickle
 from distributed import WorkerPlugin, get_worker
 
-from fastpool._integrations._dask_child import ChunkFailed, apply_items
+from fastpool._integrations._dask_child import apply_items
+from fastpool._runtime._call import ChunkFailure
 from fastpool.pool import Pool
 
 _POOL_ARGS = frozenset(p for p in inspect.signature(Pool).parameters)
@@ -284,13 +285,10 @@ class FastpoolPlugin(WorkerPlugin):
         finally:
             self._inflight.discard(fut)
 
-    def _failed(self, exc: BaseException) -> TaskFailed:
+    def _failed(self, exc: BaseException, partial: list | None = None) -> TaskFailed:
         # The child's traceback is the __cause__ fastpool attached; Dask pickles
         # exceptions without their chain, so it travels as text.
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        partial = None
-        if isinstance(exc, ChunkFailed):
-            partial, exc = exc.results, exc.error
         return TaskFailed(
             exc, text, getattr(self._worker, "address", "?"), os.getpid(), self.closing, partial
         )
@@ -317,7 +315,11 @@ def run_chunk(name: str, call: Call, opts: dict | None, deps: dict) -> tuple[lis
     """Dask task body: one map chunk (``call.args`` = (items, star)) as one fastpool task."""
     plugin = _plugin(name)
     fn, (items, star), _ = plugin.resolve(call, deps)
-    return plugin.run(apply_items, (cloudpickle.dumps(fn, 5), items, star), {}, opts)
+    out, run_s = plugin.run(apply_items, (cloudpickle.dumps(fn, 5), items, star), {}, opts)
+    if type(out) is ChunkFailure:  # the client yields the results, then raises the error
+        results, error = out.unpack()
+        raise plugin._failed(error, results) from None
+    return out, run_s
 
 
 def describe_settings(pool_kwargs: dict) -> dict:
