@@ -9,12 +9,14 @@ and faults/test_cleanup.py).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _waiting import wait_for, wait_gone
 
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -107,3 +109,57 @@ def test_shutdown_cancel_futures_still_drops_the_queue_at_exit(tmp_path: Path) -
         """,
     )
     assert len(list(tmp_path.glob("ran-*"))) < 40
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.linux
+def test_ctrl_c_while_the_exit_waits_for_accepted_work_stops_it(tmp_path: Path) -> None:
+    """The exit waits for accepted work, but a Ctrl-C there still stops the pool:
+    running tasks are interrupted, queued ones dropped, the workers exit."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        _HEAD.format(tests=TESTS_DIR)
+        + textwrap.dedent(
+            """
+            import atexit, time
+            out = sys.argv[1]
+            pool = fastpool.Pool(2)
+            # atexit runs the latest first: this says the exit began, fastpool's hook follows
+            atexit.register(print, "exiting", flush=True)
+            for i in range(20):
+                pool.submit(_tasks.touch_then_sleep, os.path.join(out, f"ran-{i}"), i, 600)
+            while sum(bool(w["current_task"]) for w in pool.stats()["workers"]) < 2:
+                time.sleep(0.005)
+            print(*pool.pids(), flush=True)
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS_DIR]))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]  # type: ignore[union-attr]
+        assert len(pids) == 2
+        assert proc.stdout.readline().strip() == "exiting"  # type: ignore[union-attr]
+        # A SIGINT that lands between two exit hooks is swallowed by the one before
+        # ours; send it once the main thread sleeps, which it does only in our wait.
+        wait_for(lambda: _state(proc.pid) == "S", what="the exit to wait for the tasks")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(SCRIPT_S)  # the tasks sleep 600 s: only the interrupt ends it this soon
+        wait_gone(pids)
+        assert len(list(tmp_path.glob("ran-*"))) < 20
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
