@@ -449,7 +449,7 @@ class Executor(cf.Executor):
             iterables,
             chunksize=chunksize,
             timeout=timeout,
-            buffersize=buffersize or self._window,
+            buffersize=self._window if buffersize is None else buffersize,
         )
 
         def count(fut: cf.Future) -> None:

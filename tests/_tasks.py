@@ -189,3 +189,14 @@ def scribble_arena_top() -> Any:
     arena = _codec._PROCESS_ARENA[0]
     ctypes.c_uint64.from_address(arena.base_address + 128 + 8 * arena.proc).value = 2**64 - 4096
     return np.ones(1 << 18)
+
+
+class Dummy:
+    """A result a weakref can watch (CPython's test_free_reference)."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+def make_dummy(i: int) -> Dummy:
+    return Dummy(i)

@@ -84,7 +84,7 @@ def check_options(chunksize: Any, buffersize: Any) -> None:
         not isinstance(chunksize, int) or isinstance(chunksize, bool) or chunksize < 1
     ):
         raise ValueError(f"chunksize must be a positive int, not {chunksize!r}")
-    if buffersize is not None and (not isinstance(buffersize, int) or isinstance(buffersize, bool)):
+    if buffersize is not None and not isinstance(buffersize, int):
         raise TypeError(f"buffersize must be an integer or None, not {buffersize!r}")
     if buffersize is not None and buffersize < 1:
         raise ValueError(f"buffersize must be None or > 0, not {buffersize!r}")

@@ -76,6 +76,18 @@ def test_map_is_lazy_and_never_queues_more_than_its_window(dask_client):
     ex.shutdown()
 
 
+def test_map_buffersize_bounds_the_chunks_in_flight_as_python_3_14_does(executor, dask_client):
+    ex = fpd.Executor(dask_client, install=False)  # fresh counts; the plugin is the fixture's
+    got = list(ex.map(tasks.double, range(200), chunksize=10, buffersize=2))
+    assert got == [2 * i for i in range(200)]
+    assert ex.stats()["map_window_max"] <= 2
+    with pytest.raises(TypeError, match="buffersize must be"):
+        ex.map(tasks.double, range(4), buffersize="2")
+    with pytest.raises(ValueError, match="buffersize must be"):
+        ex.imap_unordered(tasks.double, range(4), buffersize=0)
+    ex.shutdown()
+
+
 def test_map_adapts_its_chunks_to_an_input_without_length(executor):
     assert list(executor.map(tasks.double, (i for i in range(5000)))) == [
         2 * i for i in range(5000)
