@@ -211,8 +211,8 @@ class Executor(cf.Executor):
     ``FastpoolPlugin(name, **pool_kwargs)`` is registered on the cluster; if one by
     that name with other settings is there already, Dask would keep it silently, so
     this raises ``ValueError``.  ``install=False`` uses the plugin already registered
-    (``ValueError`` if a worker has none).  ``window``: chunks a ``map`` keeps in flight (default
-    ``2 * threads in the cluster + 2``).
+    (``ValueError`` if a worker has none).  ``window``: chunks a ``map`` keeps in flight
+    (default: ``Pool.map``'s window, the cluster's threads counted as workers).
 
     Every call is one Dask task with a unique key (never merged with an equal call)
     and ``retries=0``: fastpool decides retries (``options(pure=True)``).  A Dask

@@ -4,17 +4,17 @@
     Pool.amap (asyncio driver) --+--> MapRun: the input cut into chunks (Chunks),
     dask.Executor.map -----------+    a window of chunks in flight, the chunk size
     joblib backend (run_map) ----+    adapted to measured run time, the deadline
-                                       |  target.submit_chunk(fn, chunk, star)
+                                       |  target._submit_chunk(fn, chunk, star)
                                        v
                                   a Future per chunk; its value is the chunk's
                                   result list, or a ChunkFailure (the results
                                   before the failing item, then the error)
     _stream (head / first done) <---- settled chunks, yielded as lists;
-    MapIterator                       items() hands out each item and forgets it
+    MapIterator                       hand_out() gives each item and forgets it
 
 What runs a chunk is the *target*: a ``Pool`` or the Dask executor, through the
 few methods of ``MapTarget``.  The engine never waits on anything but the
-futures it was given and the target's ``wait_any``; the asyncio driver
+futures it was given and the target's ``_wait_any``; the asyncio driver
 (``_integrations._aio``) shares ``MapRun`` and replaces only the waiting.
 
 Thread safety: a MapRun, and the iterator over it, belong to one consuming
@@ -31,7 +31,7 @@ from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from itertools import islice
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence, cast
 
 from fastpool._runtime import _codec
 from fastpool._runtime._call import ChunkFailure, TaskFunction
@@ -218,7 +218,8 @@ class MapRun:
             self.pending.remove(fut)
         value = fut.result(0)  # raises the chunk's own failure (a crash, a timeout...)
         results, error = outcome(value)
-        self.chunks.measured(len(results), self.target._chunk_seconds(fut))
+        if self.chunks.adaptive:
+            self.chunks.measured(len(results), self.target._chunk_seconds(fut))
         return results, error
 
     def cancel_pending(self, cancel: Callable[[Future], Any] | None = None) -> None:
@@ -284,7 +285,7 @@ def hand_out(results: list) -> Iterator[Any]:
     if type(results) is not list:
         return iter(results)
     results.reverse()
-    return itertools.starmap(results.pop, itertools.repeat((), len(results)))
+    return map(list.pop, itertools.repeat(results, len(results)))  # faster than starmap
 
 
 class MapIterator(itertools.chain):
@@ -295,12 +296,13 @@ class MapIterator(itertools.chain):
 
     @classmethod
     def over(cls, chunks: Iterator[list]) -> "MapIterator":
-        it = cls.from_iterable(map(hand_out, chunks))
+        it = cast("MapIterator", cls.from_iterable(map(hand_out, chunks)))
         it._chunks = chunks
         return it
 
     def close(self) -> None:
-        """Stops the map: chunks not yet started are cancelled.  Never raises."""
+        """Stops the map: the chunks not taken are cancelled (those not started never
+        run).  From the consuming thread (a generator's rule)."""
         self._chunks.close()  # type: ignore[attr-defined]
 
 
