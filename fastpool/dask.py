@@ -154,7 +154,8 @@ class ScatteredArray:
 
 
 class _ClusterFuture(cf.Future):
-    """A real ``concurrent.futures.Future``; cancelling it also cancels the Dask task."""
+    """A real ``concurrent.futures.Future``; cancelling it also cancels the Dask task,
+    and a call already running is stopped (its child is killed and replaced)."""
 
     def __init__(self, executor: "Executor", dfut: distributed.Future) -> None:
         super().__init__()
