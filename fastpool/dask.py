@@ -5,8 +5,8 @@
     Executor.submit / map -------->   one task per call     --> a Dask thread: run_call/run_chunk
       unique key, retries=0           (or per map chunk)          -> worker's fastpool.Pool (plugin)
     concurrent.futures.Future <-----  result or TaskFailed  <--      -> child process runs fn
-      settled on the executor's                                   scattered arrays: pool.share once
-      own thread, errors unwrapped                                 per worker per key, then descriptors
+      settled on the executor's                              scattered arrays: pool.share once
+      own thread, errors unwrapped                           per worker per key, then descriptors
 
 Needs the optional extra: ``pip install 'fastpool[dask]'``.  See docs/dask.md.  Dask
 itself schedules, moves data and restarts workers; fastpool supervises the processes on
@@ -27,13 +27,10 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 
 import concurrent.futures as cf
 import contextlib
-import math
 import queue
 import threading
 import time
 import uuid
-from collections import deque
-from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
 from fastpool import errors
@@ -49,6 +46,8 @@ from fastpool._integrations._dask_worker import (
     run_chunk,
     swap,
 )
+from fastpool._runtime import _mapper
+from fastpool._runtime._call import ChunkFailure
 
 __all__ = [
     "Executor",
@@ -60,7 +59,6 @@ __all__ = [
     "DaskRemoteTraceback",
 ]
 
-MAX_CHUNKSIZE = 8192
 TARGET_CHUNK_S = 0.05  # a Dask task costs ~1-3 ms; a chunk of ~50 ms makes that small
 FIRST_CHUNKSIZE = 16  # input without a length: the first chunks, before any timing
 
@@ -91,7 +89,10 @@ class DaskWorkerCrashed(errors.WorkerCrashed):
         self.address, self.key = address, key
 
     def __str__(self) -> str:
-        return f"Dask worker {self.address} died or closed while running task {self.key}; {self.detail}"
+        return (
+            f"Dask worker {self.address} died or closed while running task {self.key}; "
+            f"{self.detail}"
+        )
 
 
 class DaskWorkerMemoryError(DaskWorkerCrashed, errors.WorkerMemoryError):
@@ -153,12 +154,15 @@ class ScatteredArray:
 
 
 class _ClusterFuture(cf.Future):
-    """A real ``concurrent.futures.Future``; cancelling it also cancels the Dask task."""
+    """A real ``concurrent.futures.Future``; cancelling it also cancels the Dask task,
+    and a call already running is stopped (its child is killed and replaced)."""
 
     def __init__(self, executor: "Executor", dfut: distributed.Future) -> None:
         super().__init__()
         self._executor, self._dfut = executor, dfut
-        self._partial: list | None = None
+        self._partial: list | None = None  # a map chunk's results before its failing item
+        self._run_s: float | None = None  # a map chunk's run time in its child
+        self._chunk = False  # a map chunk: its value is (results, run time)
 
     def cancel(self) -> bool:
         if not super().cancel():
@@ -208,8 +212,8 @@ class Executor(cf.Executor):
     ``FastpoolPlugin(name, **pool_kwargs)`` is registered on the cluster; if one by
     that name with other settings is there already, Dask would keep it silently, so
     this raises ``ValueError``.  ``install=False`` uses the plugin already registered
-    (``ValueError`` if a worker has none).  ``window``: chunks a ``map`` keeps in flight (default
-    ``2 * threads in the cluster + 2``).
+    (``ValueError`` if a worker has none).  ``window``: chunks a ``map`` keeps in flight
+    (default: ``Pool.map``'s window, the cluster's threads counted as workers).
 
     Every call is one Dask task with a unique key (never merged with an equal call)
     and ``retries=0``: fastpool decides retries (``options(pure=True)``).  A Dask
@@ -283,23 +287,33 @@ class Executor(cf.Executor):
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int | None = None,
+        buffersize: int | None = None,
     ) -> Iterator[Any]:
         """Like ``Executor.map``, but lazy and chunked: one Dask task per chunk, at most
-        ``window`` chunks in flight, results in input order.
+        ``buffersize`` (else ``window``, else the map engine's window) chunks in
+        flight, results in input order.  The same engine as ``fastpool.Pool.map``.
 
         ``chunksize=None``: from the input's length, ``ceil(n / (8 * cluster
         threads))`` capped at 8192; without a length it adapts to ~50 ms of work per
         chunk.  If ``fn`` raises, the results before the failing item are yielded,
         then the exception is raised.  ``timeout`` counts from this call; on a
-        timeout, or when the iterator is closed early, chunks not done are
-        cancelled.  Thread-safe to call; each iterator belongs to one thread."""
-        return self._map(fn, iterables, timeout, chunksize, None, ordered=True)
+        timeout, or when the iterator is closed early, the chunk waited for and
+        those not done are cancelled.  Raises PoolClosed after ``shutdown``,
+        ValueError/TypeError for a bad chunksize or buffersize.  Thread-safe to
+        call; each iterator belongs to one thread."""
+        return self._map(fn, iterables, timeout, chunksize, buffersize, None, ordered=True)
 
     def imap_unordered(
-        self, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int | None = None
+        self,
+        fn: Callable[..., Any],
+        iterable: Iterable[Any],
+        chunksize: int | None = None,
+        *,
+        buffersize: int | None = None,
     ) -> Iterator[Any]:
-        """Like ``map`` over one iterable, with results in completion order (per chunk)."""
-        return self._map(fn, (iterable,), None, chunksize, None, ordered=False)
+        """Like ``map`` over one iterable, with results in completion order (per chunk).
+        Thread-safe to call; each iterator belongs to one thread."""
+        return self._map(fn, (iterable,), None, chunksize, buffersize, None, ordered=False)
 
     def options(
         self, *, pure: bool = False, timeout: float | None = None, fallback: str | None = None
@@ -406,6 +420,7 @@ class Executor(cf.Executor):
                 f"{type(root).__name__}: {root}. Nothing was submitted",
             ) from exc
         fut = _ClusterFuture(self, dfut)
+        fut._chunk = body is run_chunk
         with self._lock:
             self._outstanding[fut] = time.time()
             self._counts["submitted"] += 1
@@ -425,85 +440,28 @@ class Executor(cf.Executor):
         iterables: tuple,
         timeout: float | None,
         chunksize: int | None,
+        buffersize: int | None,
         opts: dict | None,
         ordered: bool,
     ) -> Iterator[Any]:
-        self._check_open()
-        if not iterables:
-            raise TypeError("map() needs at least one iterable")
-        if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
-            raise ValueError("chunksize must be a positive int")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        threads = self._threads()
-        window = self._window or 2 * threads + 2
-        star = len(iterables) > 1
-        it = zip(*iterables) if star else iter(iterables[0])
-        adaptive = False
-        if chunksize is None:
-            try:
-                n = min(len(x) for x in iterables)
-                chunksize = max(1, min(MAX_CHUNKSIZE, math.ceil(n / (8 * threads))))
-            except TypeError:
-                chunksize, adaptive = FIRST_CHUNKSIZE, True
-        state = {"cs": chunksize}
-        pending: deque[_ClusterFuture] = deque()
-        done: queue.SimpleQueue = queue.SimpleQueue()
-
-        def submit_next() -> bool:
-            items = list(islice(it, state["cs"]))
-            if not items:
-                return False
-            fut = self._submit(run_chunk, fn, (items, star), {}, opts)
-            if not ordered:
-                fut.add_done_callback(done.put)
-            pending.append(fut)
-            with self._lock:
-                self._counts["chunks"] += 1
-                self._counts["map_window_max"] = max(self._counts["map_window_max"], len(pending))
-            return True
-
-        for _ in range(window):
-            if not submit_next():
-                break
-        return self._results(
-            pending, done, submit_next, deadline, state if adaptive else None, ordered
+        run = _mapper.MapRun(
+            _MapTarget(self, opts),
+            fn,
+            iterables,
+            chunksize=chunksize,
+            timeout=timeout,
+            buffersize=self._window if buffersize is None else buffersize,
         )
 
-    def _results(
-        self,
-        pending: deque,
-        done: queue.SimpleQueue,
-        submit_next: Callable[[], bool],
-        deadline: float | None,
-        adaptive: dict | None,
-        ordered: bool,
-    ) -> Iterator[Any]:
-        try:
-            while pending:
-                if ordered:
-                    fut = pending.popleft()
-                else:
-                    fut = done.get()
-                    pending.remove(fut)
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise cf.TimeoutError()
-                try:
-                    results, run_s = fut.result(left)
-                except BaseException:
-                    if not fut.done():  # timed out (or interrupted) waiting for this chunk
-                        fut.cancel()
-                    elif fut._partial:
-                        yield from fut._partial
-                    raise
-                if adaptive is not None and results:
-                    per_item = max(run_s / len(results), 1e-7)
-                    adaptive["cs"] = int(min(MAX_CHUNKSIZE, max(1, TARGET_CHUNK_S / per_item)))
-                submit_next()
-                yield from results
-        finally:
-            for fut in pending:
-                fut.cancel()
+        def count(fut: cf.Future) -> None:
+            with self._lock:
+                self._counts["chunks"] += 1
+                self._counts["map_window_max"] = max(
+                    self._counts["map_window_max"], len(run.pending)
+                )
+
+        run.on_submit = count
+        return _mapper.MapIterator.over(run.start(ordered))
 
     # ---- settling ------------------------------------------------------------------
 
@@ -549,6 +507,8 @@ class Executor(cf.Executor):
             return
         if status == "finished":
             kind = "completed"
+            if fut._chunk:  # run_chunk's value: (results, run time)
+                outcome, fut._run_s = outcome
             settle = lambda: fut.set_result(outcome)  # noqa: E731
         elif status == "cancelled":
             kind = "cancelled"
@@ -561,7 +521,11 @@ class Executor(cf.Executor):
             with self._lock:
                 submitted_at = self._outstanding.get(fut, 0.0)
             exc = self._translate(fut, status, outcome, submitted_at)
-            settle = lambda: fut.set_exception(exc)  # noqa: E731
+            if fut._partial is not None:  # a map chunk failed part-way: its results, then exc
+                failure = ChunkFailure.caught(fut._partial, exc)
+                settle = lambda: fut.set_result(failure)  # noqa: E731
+            else:
+                settle = lambda: fut.set_exception(exc)  # noqa: E731
         with self._lock:
             self._counts[kind] += 1
         try:
@@ -642,6 +606,30 @@ class Executor(cf.Executor):
         return {k for keys in found.values() if isinstance(keys, list) for k in keys}
 
 
+class _MapTarget:
+    """The executor as the map engine (``_runtime._mapper``) drives it: one Dask
+    task per chunk, with these fastpool options.  Thread-safe."""
+
+    def __init__(self, executor: Executor, opts: dict | None) -> None:
+        self.executor, self.opts = executor, opts
+
+    def _map_sizing(self) -> _mapper.Sizing:
+        self.executor._check_open()
+        return _mapper.Sizing(self.executor._threads(), FIRST_CHUNKSIZE, TARGET_CHUNK_S)
+
+    def _submit_chunk(self, fn: Callable[..., Any], chunk: Any, star: bool) -> cf.Future:
+        return self.executor._submit(run_chunk, fn, (chunk, star), {}, self.opts)
+
+    def _chunk_seconds(self, fut: cf.Future) -> float | None:
+        return getattr(fut, "_run_s", None)
+
+    def _wait_any(self, pending: Any, done: Any, timeout: float | None) -> None:
+        cf.wait(list(pending), timeout, cf.FIRST_COMPLETED)
+
+    def _cancel_chunk(self, fut: cf.Future) -> None:
+        fut.cancel()
+
+
 class ExecutorOptions:
     """``Executor.options(...)``: the same executor, with fastpool options on each call."""
 
@@ -658,12 +646,22 @@ class ExecutorOptions:
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int | None = None,
+        buffersize: int | None = None,
     ) -> Iterator[Any]:
-        """``Executor.map`` with these options on every chunk."""
-        return self._executor._map(fn, iterables, timeout, chunksize, self._opts, ordered=True)
+        """``Executor.map`` with these options on every chunk.  Thread-safe."""
+        return self._executor._map(
+            fn, iterables, timeout, chunksize, buffersize, self._opts, ordered=True
+        )
 
     def imap_unordered(
-        self, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int | None = None
+        self,
+        fn: Callable[..., Any],
+        iterable: Iterable[Any],
+        chunksize: int | None = None,
+        *,
+        buffersize: int | None = None,
     ) -> Iterator[Any]:
-        """``Executor.imap_unordered`` with these options on every chunk."""
-        return self._executor._map(fn, (iterable,), None, chunksize, self._opts, ordered=False)
+        """``Executor.imap_unordered`` with these options on every chunk.  Thread-safe."""
+        return self._executor._map(
+            fn, (iterable,), None, chunksize, buffersize, self._opts, ordered=False
+        )

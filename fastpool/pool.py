@@ -16,23 +16,20 @@ Data flow:
 This module is the facade: it checks options, wires the rooms together, and
 owns the pool's life (``_Runtime``: start, shutdown, teardown).  The running
 machinery never holds a reference to the Pool object, so a pool dropped
-without ``shutdown`` is collected and shuts itself down.
+without ``shutdown`` is collected and shuts itself down, after the work it
+accepted settles (a map iterator holds its pool; the map engine is
+``_runtime._mapper``).
 """
 
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
-import math
 import os
 import sys
 import threading
 import weakref
-from collections import deque
 from concurrent.futures import Executor, Future
-from concurrent.futures import TimeoutError as FuturesTimeout
-from itertools import islice
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -53,8 +50,8 @@ from fastpool import errors, telemetry
 from fastpool._integrations import _progress
 from fastpool._native import _arena, _ndarray
 from fastpool._native._core import Board, check_ring_bytes
-from fastpool._runtime import _arrays, _call, _codec, _control, _dispatch, _template
-from fastpool._runtime._call import ChunkFailure, TaskFunction
+from fastpool._runtime import _call, _codec, _control, _dispatch, _mapper, _template
+from fastpool._runtime._call import TaskFunction
 from fastpool._supervision import _policy, _sizing
 from fastpool._supervision._supervisor import DEFAULT_START_TIMEOUT_S, STOP_GRACE_S, Supervisor
 
@@ -75,9 +72,6 @@ S = TypeVar("S", bound="np.generic")
 ShapeLike = Union[SupportsIndex, Sequence[SupportsIndex]]
 
 DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched pages cost
-MAX_CHUNKSIZE = 8192
-WINDOW_ITEMS = 32768  # map keeps about this many small items in flight...
-MAX_WINDOW_PER_WORKER = 64  # ...in at most this many chunks per worker
 INTERRUPT_GRACE_S = 0.4  # Ctrl-C: how long interrupted tasks get to return before SIGKILL
 
 _dispatch.set_parent_spin(float(os.environ.get("FASTPOOL_PARENT_SPIN_US", "80")) * 1e-6)
@@ -85,21 +79,31 @@ _live: "weakref.WeakSet[_Runtime]" = weakref.WeakSet()
 
 
 def _shutdown_all_at_exit() -> None:
-    # A script that ends on Ctrl-C outside `with Pool()` must not wait here for its
-    # running tasks: the workers run in their own session, so the terminal's SIGINT
-    # never reached them.  Interrupt them as __exit__ would.
+    """At interpreter exit, every pool finishes the work it accepted, as
+    ProcessPoolExecutor's exit hook does (concurrent/futures/process.py,
+    ``_python_exit``): only ``cancel_futures=True`` dropped work earlier.
+
+    A script that ends on Ctrl-C (or is interrupted while it waits here) must
+    not wait for its running tasks: the workers run in their own session, so the
+    terminal's SIGINT never reached them.  Interrupt them as __exit__ would."""
     last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     interrupted = isinstance(last, KeyboardInterrupt)
     for rt in list(_live):
         try:
-            if interrupted:
-                rt.interrupt()
-            else:
-                rt.shutdown(wait=True, cancel_futures=True)
+            if not interrupted:
+                try:
+                    rt.shutdown(wait=True, cancel_futures=False)
+                    continue
+                except KeyboardInterrupt:
+                    interrupted = True
+            rt.interrupt()
         except BaseException:  # noqa: BLE001 - interpreter teardown: best effort, even a 2nd Ctrl-C
             pass
 
 
+# Plain atexit, not threading._register_atexit as CPython's executors use: this runs
+# after the non-daemon threads were joined, so a lazy map that such a thread still
+# consumes keeps submitting its chunks until it ends.
 atexit.register(_shutdown_all_at_exit)
 
 
@@ -528,6 +532,7 @@ class Pool(Executor):
         *,
         timeout: float | None = ...,
         chunksize: int | None = ...,
+        buffersize: int | None = ...,
         progress: _progress.ProgressArg = ...,
     ) -> Iterator[R]: ...
     @overload
@@ -540,6 +545,7 @@ class Pool(Executor):
         *,
         timeout: float | None = ...,
         chunksize: int | None = ...,
+        buffersize: int | None = ...,
         progress: _progress.ProgressArg = ...,
     ) -> Iterator[R]: ...
     @overload
@@ -553,6 +559,7 @@ class Pool(Executor):
         *,
         timeout: float | None = ...,
         chunksize: int | None = ...,
+        buffersize: int | None = ...,
         progress: _progress.ProgressArg = ...,
     ) -> Iterator[R]: ...
     @overload
@@ -567,6 +574,7 @@ class Pool(Executor):
         *iterables: Iterable[Any],
         timeout: float | None = ...,
         chunksize: int | None = ...,
+        buffersize: int | None = ...,
         progress: _progress.ProgressArg = ...,
     ) -> Iterator[R]: ...
 
@@ -576,6 +584,7 @@ class Pool(Executor):
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int | None = None,
+        buffersize: int | None = None,
         progress: _progress.ProgressArg = None,
     ) -> Iterator[Any]:
         """Like ``Executor.map``, but lazy: at most a window of chunks is in flight.
@@ -583,32 +592,19 @@ class Pool(Executor):
         Results come in input order; the first exception raised by ``fn`` is raised
         when its position is reached (results before it are yielded first).
         ``chunksize=None`` picks one from the input length (or adapts to the measured
-        run time when the length is unknown).  ``timeout`` counts from this call;
-        on ``TimeoutError`` or when the iterator is closed early, chunks not yet
-        run are cancelled.  ``progress``: True or "tqdm" (``tqdm.auto``), "rich",
-        or a ``callable(done, total)`` counting finished items (docs/asyncio.md,
-        "Progress bars"); ImportError naming the extra when tqdm is missing.  Raises
-        PoolClosed, SerializationError as ``submit``.  Thread-safe to call; each
-        iterator belongs to one consuming thread."""
-        chunks, fn, star, adaptive = self._chunks(fn, iterables, chunksize)
-        counter = (
-            None
-            if progress is None
-            else _progress.open_counter(
-                progress, _progress.total_of(iterables), getattr(fn, "__name__", None)
-            )
-        )
-        deadline = None if timeout is None else _now() + timeout
-        pending: deque[Future] = deque()
-        sink = pending.append if counter is None else _progress.tracking(counter, pending.append)
-        submit_next = _Feeder(self._disp, fn, chunks, star, sink)
-        for _ in range(self._window(chunks.size)):
-            if not submit_next():
-                break
-        stream = _ordered(pending, submit_next, deadline, chunks if adaptive else None)
-        return _ResultIterator.over(
-            stream if counter is None else _progress.closing(counter, stream)
-        )
+        run time when the length is unknown).  ``buffersize`` (Python 3.14's
+        ``Executor.map`` argument, on every Python): at most that many chunks are
+        submitted ahead of the consumer (default: a window sized to the pool);
+        TypeError if it is not an int, ValueError if it is below 1.  ``timeout``
+        counts from this call; on ``TimeoutError``, an error, or when the iterator
+        is closed or dropped early, the chunk waited for and those not yet run are
+        cancelled (never run later).  The iterator keeps the pool alive, and
+        forgets each result once it is handed out.  ``progress``: True or "tqdm"
+        (``tqdm.auto``), "rich", or a ``callable(done, total)`` counting finished
+        items (docs/asyncio.md, "Progress bars"); ImportError naming the extra when
+        tqdm is missing.  Raises PoolClosed, SerializationError as ``submit``.
+        Thread-safe to call; each iterator belongs to one consuming thread."""
+        return self._map(fn, iterables, True, chunksize, timeout, buffersize, progress)
 
     def imap_unordered(
         self,
@@ -616,42 +612,38 @@ class Pool(Executor):
         iterable: Iterable[T1],
         chunksize: int | None = None,
         *,
+        buffersize: int | None = None,
         progress: _progress.ProgressArg = None,
     ) -> Iterator[R]:
         """Like ``map`` for one iterable, yielding results as their chunks complete.
 
-        An exception from ``fn`` is raised when its chunk completes.  ``progress`` as
-        for ``map``.  Thread-safe to call; each iterator belongs to one consuming
-        thread."""
-        chunks, fn, _star, _adaptive = self._chunks(fn, (iterable,), chunksize)
-        counter = (
-            None
-            if progress is None
-            else _progress.open_counter(
-                progress, _progress.total_of((iterable,)), getattr(fn, "__name__", None)
-            )
-        )
-        done: deque[Future] = deque()
-        pending: set[Future] = set()
+        An exception from ``fn`` is raised when its chunk completes.  ``buffersize``
+        and ``progress`` as for ``map``.  Thread-safe to call; each iterator
+        belongs to one consuming thread."""
+        return self._map(fn, (iterable,), False, chunksize, None, buffersize, progress)
 
-        def track(fut: Future) -> None:
-            pending.add(fut)
-            fut.add_done_callback(done.append)
-
-        submit_next = _Feeder(
-            self._disp,
-            fn,
-            chunks,
-            False,
-            track if counter is None else _progress.tracking(counter, track),
+    def _map(
+        self,
+        fn: Callable[..., Any],
+        iterables: tuple,
+        ordered: bool,
+        chunksize: int | None,
+        timeout: float | None,
+        buffersize: int | None,
+        progress: _progress.ProgressArg,
+    ) -> Iterator[Any]:
+        run = _mapper.MapRun(
+            self, fn, iterables, chunksize=chunksize, timeout=timeout, buffersize=buffersize
         )
-        for _ in range(self._window(chunks.size)):
-            if not submit_next():
-                break
-        stream = _unordered(self._disp, pending, done, submit_next)
-        return _ResultIterator.over(
-            stream if counter is None else _progress.closing(counter, stream)
+        if progress is None:
+            return _mapper.MapIterator.over(run.start(ordered))
+        counter = _progress.open_counter(
+            progress, _progress.total_of(iterables), getattr(run.fn, "__name__", None)
         )
+        if counter is None:
+            return _mapper.MapIterator.over(run.start(ordered))
+        run.on_submit = lambda fut: fut.add_done_callback(counter.chunk_done)
+        return _mapper.MapIterator.over(_progress.closing(counter, run.start(ordered)))
 
     @overload
     def amap(
@@ -732,29 +724,6 @@ class Pool(Executor):
 
         return _aio.AsyncMap(self, fn, iterables, chunksize, ordered, force_cancel, progress)
 
-    def _window(self, chunksize: int) -> int:
-        """Chunks in flight: two per worker and two spare, and for small chunks enough
-        to keep WINDOW_ITEMS items under way (capped), or each chunk costs a round trip."""
-        return max(2 * self._n + 2, min(MAX_WINDOW_PER_WORKER * self._n, WINDOW_ITEMS // chunksize))
-
-    def _chunks(self, fn: Callable[..., Any], iterables: tuple, chunksize: int | None) -> tuple:
-        if self._disp.closed:
-            raise errors.PoolClosed()
-        if not iterables:
-            raise TypeError("map() needs at least one iterable")
-        if chunksize is not None and (not isinstance(chunksize, int) or chunksize < 1):
-            raise ValueError(f"chunksize must be a positive int, not {chunksize!r}")
-        if type(fn) is TaskFunction:
-            fn = fn.fn
-        adaptive = False
-        if chunksize is None:
-            try:
-                n = min(len(x) for x in iterables)
-                chunksize = max(1, min(MAX_CHUNKSIZE, math.ceil(n / (self._n * 8))))
-            except TypeError:
-                chunksize, adaptive = 4, True
-        return _Chunks(iterables, chunksize), fn, len(iterables) > 1, adaptive
-
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stops taking work, then tears the pool down once accepted work settles.
 
@@ -762,8 +731,11 @@ class Pool(Executor):
         ``wait=True`` this returns after every accepted task settled and every worker
         exited; with ``wait=False`` the teardown happens in the background.  Tasks
         still unsettled when the pool is torn down fail with ``BrokenPool``; a worker
-        that ignores the stop request is SIGKILLed after 2 s.  Never raises for a pool
-        already shut down.  Idempotent and thread-safe."""
+        that ignores the stop request is SIGKILLed after 2 s.  Without ``shutdown``,
+        a pool finishes its accepted work too: when it is dropped (map iterators
+        keep it alive) and at interpreter exit, which waits for that work as
+        ProcessPoolExecutor's does (Ctrl-C stops it within about a second).  Never
+        raises for a pool already shut down.  Idempotent and thread-safe."""
         self._rt.shutdown(wait, cancel_futures)
 
     def drain(self) -> None:
@@ -773,22 +745,27 @@ class Pool(Executor):
         self.shutdown(wait=True, cancel_futures=False)
 
     def __enter__(self) -> "Pool":
+        """Returns the pool.  Thread-safe."""
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         """``shutdown(wait=True)``; on Ctrl-C (KeyboardInterrupt) or SystemExit, stops
         at once instead: queued tasks are cancelled, running ones interrupted (SIGINT
-        in their worker, SIGKILL after a short grace), within about a second."""
+        in their worker, SIGKILL after a short grace), within about a second.
+        Thread-safe; never raises for a pool already shut down."""
         if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
             self._rt.interrupt()
         else:
             self.shutdown(wait=True)
 
     def __del__(self) -> None:
+        # A pool nobody references any more (its map iterators hold it) still
+        # finishes the work it accepted, as concurrent.futures promises: the
+        # collector thread settles the pending futures, then tears the pool down.
         rt = getattr(self, "_rt", None)
         if rt is not None and not rt.disp.closed:
             try:
-                rt.shutdown(wait=False, cancel_futures=True)
+                rt.shutdown(wait=False, cancel_futures=False)
             except Exception:  # noqa: BLE001 - a finalizer must not raise
                 pass
 
@@ -825,6 +802,53 @@ class Pool(Executor):
             },
         )
         return out
+
+    # ---- the internal API of the map engine (_runtime._mapper) and of asyncio (_aio) ----
+    # Every method is thread-safe.  Nothing else outside this module touches the
+    # pool's private fields.
+
+    def _map_sizing(self) -> _mapper.Sizing:
+        if self._disp.closed:
+            raise errors.PoolClosed()
+        return _mapper.Sizing(self._n)
+
+    def _submit_chunk(
+        self, fn: Callable[..., Any], chunk: Any, star: bool, wait: bool = True
+    ) -> Future:
+        """A map chunk as one task; ``wait=False`` raises QueueFull instead of
+        waiting for room."""
+        return self._disp.submit_chunk(fn, chunk, star, wait)
+
+    def _submit_nowait(
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict, options: Any
+    ) -> Future:
+        """``submit`` that raises QueueFull instead of waiting, and never runs inline."""
+        return self._disp.submit(fn, args, kwargs, options, False)
+
+    def _chunk_seconds(self, fut: Future) -> float:
+        return fut._task.run_ns * 1e-9  # type: ignore[attr-defined, no-any-return]
+
+    def _wait_any(self, pending: Any, done: Any, timeout: float | None) -> None:
+        # The consumer drives, as a thread in result() does: no hand-off to the collector
+        self._disp.drive(lambda: bool(done), timeout)
+
+    def _cancel_chunk(self, fut: Future) -> None:
+        try:
+            self.cancel(fut)
+        except Exception:  # noqa: BLE001 - a torn-down pool has settled it already
+            pass
+
+    def _has_room(self) -> bool:
+        """The queue has room now (a submit would not wait)."""
+        return bool(self._disp.queued < self._disp.max_queue)
+
+    def _drive(self, until: Callable[[], bool], timeout: float | None) -> None:
+        """Consumes results and settles futures on this thread until ``until()``
+        holds, the pool is torn down, or ``timeout`` passes."""
+        self._disp.drive(until, timeout)
+
+    def _torn_down(self) -> bool:
+        return bool(self._disp.torn_down)
 
     # ---- shared arrays -------------------------------------------------------------
 
@@ -941,120 +965,3 @@ class PoolOptions:
         from fastpool._integrations import _aio
 
         return _aio.submit(self._pool, fn, args, kwargs, self._options, self._force_cancel)
-
-
-# ---- map's machinery ------------------------------------------------------------------
-
-
-def _now() -> float:
-    import time
-
-    return time.monotonic()
-
-
-class _Chunks:
-    """The input of a map, cut into chunks.  A list, tuple, range or ndarray is
-    sliced (an ndarray chunk travels as one array, not a list of scalars);
-    anything else is read with islice.  ``size`` may change (adaptive)."""
-
-    def __init__(self, iterables: tuple, size: int) -> None:
-        self.size = size
-        self.pos = 0
-        seq = iterables[0] if len(iterables) == 1 else None
-        self.seq = seq if type(seq) in (list, tuple, range) or _is_ndarray(seq) else None
-        self.it = (
-            None
-            if self.seq is not None
-            else (zip(*iterables) if len(iterables) > 1 else iter(iterables[0]))
-        )
-
-    def next(self) -> Any:
-        if self.seq is not None:
-            chunk = self.seq[self.pos : self.pos + self.size]
-            self.pos += self.size
-            return chunk if len(chunk) else None
-        chunk = list(islice(self.it, self.size))  # type: ignore[arg-type]
-        return chunk or None
-
-
-def _is_ndarray(x: Any) -> bool:
-    return _arrays.is_ndarray(x)
-
-
-class _Feeder:
-    """Submits the next chunk; False when the input is exhausted."""
-
-    def __init__(
-        self,
-        disp: Any,
-        fn: Callable[..., Any],
-        chunks: _Chunks,
-        star: bool,
-        sink: Callable[[Future], None],
-    ) -> None:
-        self.disp, self.fn, self.chunks, self.star, self.sink = disp, fn, chunks, star, sink
-
-    def __call__(self) -> bool:
-        chunk = self.chunks.next()
-        if chunk is None:
-            return False
-        self.sink(self.disp.submit_chunk(self.fn, chunk, self.star))
-        return True
-
-
-class _ResultIterator(itertools.chain):
-    """The iterator map() returns: items of each chunk's result list, iterated in C
-    (no generator step per item), plus ``close()`` like a generator's, which
-    cancels the chunks not yet run."""
-
-    _chunks: Iterator[list]
-
-    @classmethod
-    def over(cls, chunks: Iterator[list]) -> "_ResultIterator":
-        it = cls.from_iterable(chunks)
-        it._chunks = chunks
-        return it
-
-    def close(self) -> None:
-        self._chunks.close()  # type: ignore[attr-defined]
-
-
-def _chunk_result(res: Any) -> Iterator[list]:
-    if isinstance(res, ChunkFailure):
-        results, exc = res.unpack()
-        yield results
-        raise exc
-    yield res
-
-
-def _ordered(
-    pending: deque, submit_next: _Feeder, deadline: float | None, adaptive: _Chunks | None
-) -> Iterator[list]:
-    try:
-        while pending:
-            fut = pending.popleft()
-            left = None if deadline is None else deadline - _now()
-            if left is not None and left <= 0:
-                raise FuturesTimeout()
-            res = fut.result(left)
-            if adaptive is not None and isinstance(res, list) and res:
-                per_item = max(fut._task.run_ns / len(res), 1)  # type: ignore[attr-defined]
-                adaptive.size = int(min(MAX_CHUNKSIZE, max(1, 2e6 / per_item)))
-            submit_next()
-            yield from _chunk_result(res)
-    finally:
-        for fut in pending:
-            fut.cancel()
-
-
-def _unordered(disp: Any, pending: set, done: deque, submit_next: _Feeder) -> Iterator[list]:
-    try:
-        while pending:
-            disp.drive(lambda: bool(done), None)
-            fut = done.popleft()
-            pending.discard(fut)
-            submit_next()
-            yield from _chunk_result(fut.result())
-    finally:
-        for fut in pending:
-            fut.cancel()

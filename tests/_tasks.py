@@ -427,3 +427,14 @@ def fails_below_zero(x: Any) -> float:
     if x[0] < 0:
         raise ValueError(f"negative input {x[0]}")
     return float(x[0])
+
+
+class Dummy:
+    """A result a weakref can watch (CPython's test_free_reference)."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+def make_dummy(i: int) -> Dummy:
+    return Dummy(i)

@@ -51,8 +51,8 @@ from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from fastpool import errors
 from fastpool._integrations import _progress
-from fastpool._runtime import _call
-from fastpool._runtime._call import ChunkFailure, TaskFunction
+from fastpool._runtime import _mapper
+from fastpool._runtime._call import TaskFunction
 
 R = TypeVar("R")
 log = logging.getLogger("fastpool")
@@ -61,7 +61,6 @@ ADMIT_POLL_MIN_S = 0.001  # first look again after a full queue with no settle o
 ADMIT_POLL_MAX_S = (
     0.05  # the backoff's cap: room made by other submitters is seen this late at worst
 )
-MAX_CHUNKSIZE = 8192  # pool.MAX_CHUNKSIZE: amap adapts an unknown-length input's chunks as map does
 
 DRIVER_LINGER_S = 0.5  # an idle driver thread waits this long for more work before it exits
 
@@ -83,10 +82,11 @@ class Driver:
     second thread): every asubmit would pay that pause.  So while any asyncio
     future of this pool is pending, this thread waits as a caller would; it
     exits after DRIVER_LINGER_S without work, or when the pool is torn down.
-    It holds the dispatcher, never the Pool.  Thread-safe."""
+    It holds the pool only while it drives (pending futures keep their pool
+    alive), never while idle.  Thread-safe."""
 
-    def __init__(self, disp: Any) -> None:
-        self.disp = disp
+    def __init__(self, pool: Any) -> None:
+        self.pool_ref = weakref.ref(pool)
         self.lock = threading.Lock()
         self.pending = 0
         self.thread: threading.Thread | None = None
@@ -110,14 +110,22 @@ class Driver:
             self.pending -= 1
 
     def _idle(self) -> bool:
-        return self.pending == 0 or bool(self.disp.torn_down)
+        return self.pending == 0
+
+    def _drive_once(self) -> bool:
+        """Drives until idle; False when there is no pool left to drive."""
+        pool = self.pool_ref()
+        if pool is None or pool._torn_down():
+            return False
+        pool._drive(self._idle, None)
+        return not pool._torn_down()
 
     def _run(self) -> None:
-        disp = self.disp
         try:
-            while not disp.torn_down:
+            while True:
                 try:
-                    disp.drive(self._idle, None)
+                    if not self._drive_once():
+                        return
                 except Exception:  # noqa: BLE001 - the collector thread still settles everything
                     log.exception(
                         "fastpool: the asyncio driver thread failed; results now come "
@@ -146,7 +154,7 @@ def driver_of(pool: Any) -> Driver:
         with _drivers_lock:
             drv = _drivers.get(pool)
             if drv is None:
-                drv = _drivers[pool] = Driver(pool._disp)
+                drv = _drivers[pool] = Driver(pool)
     return drv
 
 
@@ -155,8 +163,8 @@ class Gate:
     the inbox through which settled futures reach the loop, one wake-up of the
     loop per batch rather than per future."""
 
-    def __init__(self, disp: Any) -> None:
-        self.disp = disp
+    def __init__(self, pool: Any) -> None:
+        self.pool_ref = weakref.ref(pool)
         self.waiters: deque[tuple[asyncio.Future[Any], Callable[[], Any]]] = deque()
         self.timer: asyncio.TimerHandle | None = None
         self.delay = ADMIT_POLL_MIN_S
@@ -185,7 +193,8 @@ class Gate:
             land(fut)
 
     def room(self) -> bool:
-        return bool(self.disp.queued < self.disp.max_queue)
+        pool = self.pool_ref()
+        return pool is not None and bool(pool._has_room())
 
     async def admit(self, submit: Callable[[], Any], pool: Any, force: bool) -> Any:
         """submit() once the queue has room; returns what it returns (a PoolFuture)."""
@@ -247,7 +256,7 @@ def gate_of(pool: Any) -> Gate:
         per_loop = _gates[pool] = weakref.WeakKeyDictionary()
     gate = per_loop.get(loop)
     if gate is None:
-        gate = per_loop[loop] = Gate(pool._disp)
+        gate = per_loop[loop] = Gate(pool)
     return gate
 
 
@@ -276,14 +285,15 @@ async def submit(
     gate = gate_of(pool)
     try:
         fut = await gate.admit(
-            functools.partial(pool._disp.submit, fn, args, kwargs, options, False), pool, force
+            functools.partial(pool._submit_nowait, fn, args, kwargs, options), pool, force
         )
     except errors.CircuitOpen:
         if options is None or options.fallback != "inline":
             raise
-        # Degraded mode as Pool.submit has it, on a thread: not on the loop
-        pool._tel.count("inline")
-        return await asyncio.get_running_loop().run_in_executor(None, _call.run, fn, args, kwargs)
+        # Degraded mode: Pool.submit's own inline fallback, on a thread, not on the loop
+        loop = asyncio.get_running_loop()
+        inline = await loop.run_in_executor(None, pool._submit, fn, args, kwargs, options)
+        return inline.result()
     if fut.done():
         return fut.result()  # settled while it was submitted: no round trip through the loop
     loop = asyncio.get_running_loop()
@@ -325,10 +335,13 @@ class AsyncMap(Generic[R]):
     """What ``Pool.amap`` returns: an async iterator of results (``async for``),
     also an async context manager whose exit closes it.
 
-    A window of chunks is in flight, as for ``map``; each is admitted through
-    the gate.  Ending early (``break``, ``aclose()``, cancellation, an error)
-    cancels the chunks not finished by ``Pool.cancel``'s rules.  Belongs to
-    one task on one loop."""
+    The map engine's MapRun (``_runtime._mapper``) decides the chunks, the
+    window in flight, the adaptive size and partial failure; this driver
+    replaces only the waiting: each chunk is admitted through the gate, and
+    settled chunks land on the loop.  Ending early (``break``, ``aclose()``,
+    cancellation, an error) cancels the chunks not finished by
+    ``Pool.cancel``'s rules.  Holds its pool alive.  Belongs to one task on one
+    loop."""
 
     def __init__(
         self,
@@ -341,20 +354,16 @@ class AsyncMap(Generic[R]):
         progress: _progress.ProgressArg,
     ) -> None:
         self._pool, self._force, self._ordered = pool, force, ordered
-        self._chunks, self._fn, self._star, adaptive = pool._chunks(fn, iterables, chunksize)
-        self._adaptive = adaptive
+        self._run = _mapper.MapRun(pool, fn, iterables, chunksize=chunksize)
         self._counter = (
             None
             if progress is None
             else _progress.open_counter(
-                progress, _progress.total_of(iterables), getattr(self._fn, "__name__", None)
+                progress, _progress.total_of(iterables), getattr(self._run.fn, "__name__", None)
             )
         )
-        self._window = 2 * pool.workers + 2
-        self._pending: deque[Any] = deque()  # submitted, not consumed (submission order)
         self._items: Any = iter(())  # the current chunk's results
         self._error: BaseException | None = None  # a failed chunk's, after its partial results
-        self._exhausted = False
         self._closed = False
         self._received = 0
         self._landing: _Landing | None = None
@@ -381,6 +390,7 @@ class AsyncMap(Generic[R]):
             raise
 
     async def _next_chunk(self) -> Any:
+        run = self._run
         while True:
             if self._error is not None:
                 exc, self._error = self._error, None
@@ -388,22 +398,12 @@ class AsyncMap(Generic[R]):
             if self._closed:
                 raise StopAsyncIteration
             await self._fill()
-            if not self._pending:
+            if not run.pending:
                 self.close()
                 raise StopAsyncIteration
-            fut = await self._take()
-            if self._ordered:
-                self._pending.popleft()
-            else:
-                self._pending.remove(fut)
-            res = fut.result()  # settled: drives nothing
-            if self._adaptive and isinstance(res, list) and res:
-                per_item = max(fut._task.run_ns / len(res), 1)
-                self._chunks.size = int(min(MAX_CHUNKSIZE, max(1, 2e6 / per_item)))
-            if isinstance(res, ChunkFailure):
-                res, self._error = res.unpack()
-            self._received += len(res)
-            self._items = iter(res)
+            results, self._error = run.take(await self._take())
+            self._received += len(results)
+            self._items = _mapper.hand_out(results)
             for item in self._items:
                 return item
 
@@ -416,21 +416,17 @@ class AsyncMap(Generic[R]):
                 asyncio.get_running_loop(),
                 self._ordered,
             )
-        disp, fn, star = self._pool._disp, self._fn, self._star
-        while not self._exhausted and len(self._pending) < self._window:
-            chunk = self._chunks.next()
-            if chunk is None:
-                self._exhausted = True
-                break
+        run, pool = self._run, self._pool
+        while (chunk := run.next_chunk()) is not None:
             fut = await landing.gate.admit(
-                functools.partial(disp.submit_chunk, fn, chunk, star, False),
-                self._pool,
+                functools.partial(pool._submit_chunk, run.fn, chunk, run.star, False),
+                pool,
                 self._force,
             )
             if self._closed:  # cancelled meanwhile by close() from elsewhere
-                self._pool.cancel(fut, force=self._force)
+                pool.cancel(fut, force=self._force)
                 return
-            self._pending.append(fut)
+            run.sent(fut)
             if self._counter is not None:
                 fut.add_done_callback(self._counter.chunk_done)
             fut.add_done_callback(functools.partial(landing.gate.post, landing.loop, landing.land))
@@ -440,15 +436,16 @@ class AsyncMap(Generic[R]):
         """The next settled chunk: the head (ordered) or any (ordered=False)."""
         landing = self._landing
         assert landing is not None
+        pending = self._run.pending
         while True:
             if self._ordered:
-                head = self._pending[0]
+                head = pending[0]
                 if head.done():
                     return head
             else:
                 while landing.landed:
                     fut = landing.landed.popleft()
-                    if fut in self._pending:
+                    if fut in pending:
                         return fut
             landing.wakeup = landing.loop.create_future()
             await landing.wakeup
@@ -458,10 +455,8 @@ class AsyncMap(Generic[R]):
         if self._closed:
             return
         self._closed = True
-        pending, self._pending = self._pending, deque()
-        for fut in pending:
-            if not fut.done():
-                self._pool.cancel(fut, force=self._force)
+        pool, force = self._pool, self._force
+        self._run.cancel_pending(lambda fut: pool.cancel(fut, force=force))
         if self._counter is not None:
             self._counter.close(self._received)
 

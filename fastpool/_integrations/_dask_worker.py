@@ -35,8 +35,10 @@ from typing import Any, Callable
 
 import cloudpickle
 from distributed import WorkerPlugin, get_worker
+from distributed.worker import thread_state
 
-from fastpool._integrations._dask_child import ChunkFailed, apply_items
+from fastpool._integrations._dask_child import apply_items
+from fastpool._runtime._call import ChunkFailure
 from fastpool.pool import Pool
 
 _POOL_ARGS = frozenset(p for p in inspect.signature(Pool).parameters)
@@ -186,6 +188,7 @@ class FastpoolPlugin(WorkerPlugin):
         self._lock = threading.Lock()
         self._shared: dict[str, Any] = {}
         self._inflight: set = set()
+        self._by_key: dict[Any, Any] = {}  # Dask task key -> the pool future running it
 
     def __getstate__(self) -> dict:
         return {"name": self.name, "pool_kwargs": self.pool_kwargs, "settings": self.settings}
@@ -237,6 +240,16 @@ class FastpoolPlugin(WorkerPlugin):
         # either: its block goes back to the arena once no child still maps it.
         if finish in ("released", "forgotten") and self._shared.pop(key, None) is not None:
             self.counts["shared_released"] += 1
+        if start in ("executing", "long-running") and finish in ("released", "cancelled"):
+            self._stop_call(key)  # the client cancelled it (Dask reports "released")
+
+    def _stop_call(self, key: Any) -> None:
+        # The client cancelled a call that runs here (Executor futures never say
+        # "running", so their cancel() returns True): Dask cannot stop the thread that
+        # waits on it, so the child is killed and replaced, and the call never ends.
+        fut, pool = self._by_key.get(key), self.pool
+        if fut is not None and pool is not None and not fut.done():
+            pool.cancel(fut, force=True)
 
     # ---- called from Dask threads (run_call / run_chunk) --------------------------
 
@@ -277,20 +290,25 @@ class FastpoolPlugin(WorkerPlugin):
         except BaseException as exc:  # noqa: BLE001 - reported to the client as it is
             raise self._failed(exc) from None
         self._inflight.add(fut)
+        key = getattr(thread_state, "key", None)
+        if key is not None:
+            self._by_key[key] = fut
+            ts = self._worker.state.tasks.get(key) if self._worker is not None else None
+            if ts is not None and ts.state == "cancelled":  # cancelled before it was known here
+                self._stop_call(key)
         try:
             return fut.result()
         except BaseException as exc:  # noqa: BLE001
             raise self._failed(exc) from None
         finally:
             self._inflight.discard(fut)
+            if key is not None:
+                self._by_key.pop(key, None)
 
-    def _failed(self, exc: BaseException) -> TaskFailed:
+    def _failed(self, exc: BaseException, partial: list | None = None) -> TaskFailed:
         # The child's traceback is the __cause__ fastpool attached; Dask pickles
         # exceptions without their chain, so it travels as text.
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        partial = None
-        if isinstance(exc, ChunkFailed):
-            partial, exc = exc.results, exc.error
         return TaskFailed(
             exc, text, getattr(self._worker, "address", "?"), os.getpid(), self.closing, partial
         )
@@ -317,7 +335,11 @@ def run_chunk(name: str, call: Call, opts: dict | None, deps: dict) -> tuple[lis
     """Dask task body: one map chunk (``call.args`` = (items, star)) as one fastpool task."""
     plugin = _plugin(name)
     fn, (items, star), _ = plugin.resolve(call, deps)
-    return plugin.run(apply_items, (cloudpickle.dumps(fn, 5), items, star), {}, opts)
+    out, run_s = plugin.run(apply_items, (cloudpickle.dumps(fn, 5), items, star), {}, opts)
+    if type(out) is ChunkFailure:  # the client yields the results, then raises the error
+        results, error = out.unpack()
+        raise plugin._failed(error, results) from None
+    return out, run_s
 
 
 def describe_settings(pool_kwargs: dict) -> dict:

@@ -1,5 +1,5 @@
-"""What the parent and a worker share about one call: running it, a map chunk's
-partial failure, and turning a function's pickle back into the function.
+"""What the parent and a worker share about one call: running it, running a map
+chunk, and a chunk's partial failure.
 
 The worker's serving loop (``_serve``) runs calls through these; the parent
 runs the same code when a task falls back to running inline.  Neither side
@@ -39,20 +39,41 @@ def run(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
 
 
 class ChunkFailure:
-    """A map chunk that raised part-way: the results before the failing item,
-    and the encoded exception.  map yields the results, then raises."""
+    """A map chunk that raised part-way: the results before the failing item, then
+    the error.  The one type for a partly failed chunk, whoever ran it (a pool
+    worker, or a Dask worker's pool for ``fastpool.dask``): the map engine yields
+    ``results``, then raises the error.
 
-    __slots__ = ("results", "exc_payload")
+    Made where the chunk ran, the error travels encoded (``exc_payload``, as
+    ``_codec.encode_exception`` writes it, so an unpicklable error arrives as
+    ``RemoteError``) and is decoded once, by ``unpack``.  Made where the error is
+    already an object (``caught``), it is kept as it is."""
+
+    __slots__ = ("results", "exc_payload", "_error")
 
     def __init__(self, results: list, exc_payload: bytes) -> None:
         self.results = results
         self.exc_payload = exc_payload
+        self._error: BaseException | None = None
+
+    @classmethod
+    def caught(cls, results: list, error: BaseException) -> "ChunkFailure":
+        """A failure whose error is at hand; it is encoded only if it is pickled."""
+        failure = cls(results, b"")
+        failure._error = error
+        return failure
 
     def __reduce__(self) -> Any:
-        return (ChunkFailure, (self.results, self.exc_payload))
+        payload = self.exc_payload
+        if self._error is not None and not payload:
+            payload = _codec.encode_exception(self._error)
+        return (ChunkFailure, (self.results, payload))
 
     def unpack(self) -> tuple[list, BaseException]:
-        return self.results, _codec.decode_exception(self.exc_payload)
+        """(results, error); the error's remote traceback is its ``__cause__``."""
+        if self._error is None:
+            self._error = _codec.decode_exception(self.exc_payload)
+        return self.results, self._error
 
 
 def run_chunk(fn: Callable[..., Any], items: list, star: bool) -> list | ChunkFailure:
@@ -84,7 +105,8 @@ _FN_CACHE: dict[bytes, Any] = {}
 
 
 def load_fn(fn_bytes: bytes) -> Any:
-    """The function behind a pickle (cached: one unpickle per distinct function)."""
+    """The function behind a pickle made by ``_codec.function_bytes`` (cached: one unpickle
+    per distinct function). The joblib backend sends a batch's functions this way."""
     fn = _FN_CACHE.get(fn_bytes)
     if fn is None:
         fn = _codec.loads(fn_bytes)

@@ -16,6 +16,7 @@ distributed = pytest.importorskip(
 
 import _dask_tasks as tasks  # noqa: E402 - needs the sys.path entry conftest adds
 import dask  # noqa: E402
+from _waiting import running, wait_for  # noqa: E402
 
 import fastpool  # noqa: E402
 import fastpool.dask as fpd  # noqa: E402
@@ -74,6 +75,18 @@ def test_map_is_lazy_and_never_queues_more_than_its_window(dask_client):
         out.append(r)
     assert out == [2 * i for i in range(100_000)]
     assert ex.stats()["map_window_max"] <= 4
+    ex.shutdown()
+
+
+def test_map_buffersize_bounds_the_chunks_in_flight_as_python_3_14_does(executor, dask_client):
+    ex = fpd.Executor(dask_client, install=False)  # fresh counts; the plugin is the fixture's
+    got = list(ex.map(_tasks.double, range(200), chunksize=10, buffersize=2))
+    assert got == [2 * i for i in range(200)]
+    assert ex.stats()["map_window_max"] <= 2
+    with pytest.raises(TypeError, match="buffersize must be"):
+        ex.map(_tasks.double, range(4), buffersize="2")
+    with pytest.raises(ValueError, match="buffersize must be"):
+        ex.imap_unordered(_tasks.double, range(4), buffersize=0)
     ex.shutdown()
 
 
@@ -189,6 +202,21 @@ def test_cancelling_a_future_cancels_its_dask_task(executor, dask_client, fifo):
     with pytest.raises(distributed.utils.CancelledError):
         distributed.wait([queued._dfut], timeout=30)
     assert queued._dfut.cancelled()  # the Dask task was cancelled too, not left to run
+
+
+def test_cancelling_a_running_call_stops_it_in_its_child(executor, dask_client, fifo):
+    """cancel() returns True for a call that already runs (the client cannot tell), so
+    the call must really stop: its child is killed and replaced, it never returns."""
+    started, go = fifo("started"), fifo("go")
+    fut = executor.submit(tasks.block_until, started.path, go.path)
+    assert started.wait(30)
+    before = {
+        p for d in dask_client.run(tasks.fastpool_pids, "fastpool").values() for p in d["children"]
+    }
+    assert fut.cancel() and fut.cancelled()
+    wait_for(
+        lambda: any(not running(p) for p in before), what="the child running the call to be killed"
+    )
 
 
 def test_bad_input_gets_clear_errors(executor, dask_client):

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from fastpool._integrations._dask_child import ChunkFailed, apply_items
+from fastpool._integrations._dask_child import apply_items
+from fastpool._runtime._call import ChunkFailure
 from fastpool.errors import RemoteError, WorkerCrashed, WorkerMemoryError
 
 pytestmark = pytest.mark.dask
@@ -61,18 +62,17 @@ def test_a_chunk_returns_results_and_its_run_time():
 
 
 def test_a_failing_chunk_keeps_the_results_before_the_failure():
-    with pytest.raises(ChunkFailed) as info:
-        apply_items(pickle.dumps(_bad_at_3), [1, 2, 3, 4], False)
-    assert info.value.results == [1, 2] and isinstance(info.value.error, KeyError)
-    again = pickle.loads(pickle.dumps(info.value))  # it crosses back from the child
-    assert again.results == [1, 2] and type(again.error) is KeyError
+    failure, _run_s = apply_items(pickle.dumps(_bad_at_3), [1, 2, 3, 4], False)
+    assert type(failure) is ChunkFailure  # the one type for a partly failed chunk
+    again = pickle.loads(pickle.dumps(failure))  # it crosses back from the child
+    results, error = again.unpack()
+    assert results == [1, 2] and type(error) is KeyError
 
 
 def test_an_unpicklable_error_in_a_chunk_becomes_remote_error_and_keeps_the_results():
-    with pytest.raises(ChunkFailed) as info:
-        apply_items(pickle.dumps(_raises_unpicklable), [1], False)
-    again = pickle.loads(pickle.dumps(info.value))
-    assert isinstance(again.error, RemoteError) and "lost" in again.error.message
+    failure, _run_s = apply_items(pickle.dumps(_raises_unpicklable), [1], False)
+    results, error = pickle.loads(pickle.dumps(failure)).unpack()
+    assert results == [] and isinstance(error, RemoteError) and "lost" in error.message
 
 
 def test_dask_side_errors_pickle_and_keep_their_facts():

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-import _arrays as _hook_tasks
+import _arrays
 import numpy as np
 import pytest
 from conftest import make_pool
@@ -94,5 +94,5 @@ def test_a_forked_child_cannot_submit_to_its_parents_pool(pool):
 
 def test_a_task_that_forks_keeps_its_hook_arrays_copy_on_write():
     with make_pool(1) as p:
-        seen = p.submit(_hook_tasks.fork_writes_stay_in_the_child, 1 << 18).result(timeout=RESULT_S)
+        seen = p.submit(_arrays.fork_writes_stay_in_the_child, 1 << 18).result(timeout=RESULT_S)
     assert seen == dict(in_arena=True, child_ok=True, seen=float(1 << 18))

@@ -24,6 +24,7 @@ from _waiting import until, wait_for, wait_workers_ready
 from conftest import make_pool
 
 import fastpool
+from fastpool._runtime import _mapper
 
 
 def run(coro: Awaitable[Any]) -> Any:
@@ -309,14 +310,16 @@ def test_breaking_out_of_amap_cancels_the_chunks_not_run(
 ) -> None:
     (gate,) = _files(tmp_path, "gate")
 
+    window = _mapper.window(pool.workers, 1)  # the map engine's, for chunks of one item
+    n = 2 * window + 10
+
     async def main() -> None:
-        async for x in pool.amap(_tasks.first_free, range(50), [gate] * 50, chunksize=1):
+        async for x in pool.amap(_tasks.first_free, range(n), [gate] * n, chunksize=1):
             assert x == 0
             break  # the iterator is dropped here: no aclose() needed
 
     run(main())
     stats = pool.stats()
-    window = 2 * pool.workers + 2
     assert stats["chunks"] <= window + 1  # the input is read lazily
     assert stats["chunks_cancelled"] >= stats["chunks"] - 1 - pool.workers  # all but what runs
     open(gate, "w").close()

@@ -1,0 +1,128 @@
+"""The map engine's promises that ``Executor.map`` makes too (issue 15, section 6):
+a timeout cancels what it stops waiting for, a yielded result lives only as long
+as the caller keeps it, and ``buffersize`` (Python 3.14) bounds the look-ahead."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import os
+import weakref
+from concurrent.futures import TimeoutError as FuturesTimeout
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import _tasks
+import pytest
+from _waiting import wait_for
+
+import fastpool
+
+
+def _busy(pool: fastpool.Pool) -> int:
+    return sum(bool(w["current_task"]) for w in pool.stats()["workers"])
+
+
+def test_a_map_timeout_cancels_the_chunk_it_waited_for_and_those_not_started(
+    tmp_path: Path,
+) -> None:
+    gate, ran = str(tmp_path / "gate"), [str(tmp_path / f"ran-{i}") for i in range(3)]
+    with fastpool.Pool(1) as pool:
+        blocker = pool.submit(_tasks.gate, gate)
+        wait_for(lambda: _busy(pool) == 1, what="the blocker to run")
+        it = pool.map(_tasks.touch_then_sleep, ran, range(3), [0] * 3, chunksize=1, timeout=0.2)
+        with pytest.raises(FuturesTimeout):
+            next(it)  # the first chunk waits behind the blocker
+        open(gate, "w").close()
+        assert blocker.result(timeout=30)[0] is None
+        pool.drain()  # anything still queued or prefetched would run now
+    assert [p for p in ran if os.path.exists(p)] == []
+
+
+def _watched(results: Iterator[Any]) -> list[bool]:
+    """For each result: was it freed once the caller dropped it?"""
+    freed = []
+    for obj in results:
+        ref = weakref.ref(obj)
+        del obj
+        gc.collect()
+        freed.append(ref() is None)
+    return freed
+
+
+@pytest.mark.parametrize("chunksize", [1, 5])
+@pytest.mark.parametrize(
+    "how",
+    [
+        lambda pool, cs: pool.map(_tasks.make_dummy, range(10), chunksize=cs),
+        lambda pool, cs: pool.map(_tasks.make_dummy, range(10), chunksize=cs, progress=print),
+        lambda pool, cs: pool.imap_unordered(_tasks.make_dummy, range(10), chunksize=cs),
+    ],
+    ids=["map", "map-progress", "imap_unordered"],
+)
+def test_a_yielded_result_dies_once_the_caller_drops_it(
+    pool: fastpool.Pool, how: Callable[..., Iterator[Any]], chunksize: int
+) -> None:
+    assert _watched(how(pool, chunksize)) == [True] * 10
+
+
+def test_an_amap_result_dies_once_the_caller_drops_it(pool: fastpool.Pool) -> None:
+    async def main() -> list[bool]:
+        freed = []
+        async for obj in pool.amap(_tasks.make_dummy, range(10), chunksize=5):
+            ref = weakref.ref(obj)
+            del obj
+            gc.collect()
+            freed.append(ref() is None)
+        return freed
+
+    assert asyncio.run(main()) == [True] * 10
+
+
+@pytest.mark.parametrize("bad", ["2", 2.0, [2]])
+def test_a_buffersize_that_is_not_an_int_is_a_type_error(pool: fastpool.Pool, bad: Any) -> None:
+    with pytest.raises(TypeError, match="buffersize must be"):
+        pool.map(_tasks.double, range(4), buffersize=bad)
+    with pytest.raises(TypeError, match="buffersize must be"):
+        pool.imap_unordered(_tasks.double, range(4), buffersize=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_a_buffersize_below_one_is_a_value_error(pool: fastpool.Pool, bad: int) -> None:
+    with pytest.raises(ValueError, match="buffersize"):
+        pool.map(_tasks.double, range(4), buffersize=bad)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("buffersize", [1, 3])
+def test_buffersize_bounds_the_chunks_submitted_ahead_of_the_consumer(
+    pool: fastpool.Pool, buffersize: int, ordered: bool
+) -> None:
+    pulled = itertools.count()
+    taken = [0]
+
+    def items() -> Iterator[int]:
+        for i in itertools.count():  # endless: only the bound stops the reading
+            taken[0] = next(pulled) + 1
+            yield i
+
+    chunk = 4
+    mapping = (
+        pool.map(_tasks.double, items(), chunksize=chunk, buffersize=buffersize)
+        if ordered
+        else pool.imap_unordered(_tasks.double, items(), chunk, buffersize=buffersize)
+    )
+    got = []
+    for i, r in enumerate(mapping):
+        # submitted and not yet handed out: at most buffersize chunks (and the
+        # rest of the chunk being handed out now)
+        assert taken[0] - i <= (buffersize + 1) * chunk
+        got.append(r)
+        if len(got) == 200:
+            break
+    mapping.close()  # type: ignore[attr-defined]
+    if ordered:
+        assert got == [2 * i for i in range(200)]
+    else:
+        assert len(set(got)) == 200
