@@ -51,7 +51,6 @@ from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from fastpool import errors
 from fastpool._integrations import _progress
-from fastpool._runtime import _call
 from fastpool._runtime._call import ChunkFailure, TaskFunction
 
 R = TypeVar("R")
@@ -282,8 +281,9 @@ async def submit(
         if options is None or options.fallback != "inline":
             raise
         # Degraded mode as Pool.submit has it, on a thread: not on the loop
-        pool._tel.count("inline")
-        return await asyncio.get_running_loop().run_in_executor(None, _call.run, fn, args, kwargs)
+        loop = asyncio.get_running_loop()
+        done = await loop.run_in_executor(None, pool._disp.run_inline, fn, args, kwargs)
+        return done.result()
     if fut.done():
         return fut.result()  # settled while it was submitted: no round trip through the loop
     loop = asyncio.get_running_loop()
