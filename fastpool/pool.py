@@ -768,8 +768,9 @@ class Pool(Executor):
     def stats(self) -> dict[str, Any]:
         """A snapshot: counts, per-worker state, queue depth and latency percentiles.
 
-        Calls (``submitted``, ``completed``, ``failed``, ``cancelled``) and map chunks
-        (``chunks``, ``chunks_completed``, ..., ``items``) are counted apart;
+        Calls (``calls_submitted``, ``calls_completed``, ``calls_failed``,
+        ``calls_cancelled``), map chunks (``chunks_submitted``, ``chunks_completed``,
+        ...) and the items of completed chunks (``items_completed``) are counted apart;
         ``crashed`` counts deaths nobody asked for, ``killed`` the kills fastpool
         made (timeout, memory, hang, forced cancel, damage).  Thread-safe; cheap
         enough to call once a second."""

@@ -45,9 +45,11 @@ cdef Py_ssize_t _fn_max = FN_REGISTRY_MAX
 cdef Py_ssize_t _fn_bytes_max = FN_REGISTRY_BYTES
 
 # Counters: the dispatcher's own events (supervision keeps its own), in C_* order.
-COUNTER_NAMES = ("submitted", "completed", "failed", "cancelled", "chunks", "chunks_completed",
-                 "chunks_failed", "chunks_cancelled", "items", "unknown_replies", "bad_results",
-                 "retried", "inline")
+# Each name says what it counts: calls (submit) and map chunks apart, and the items of
+# the chunks that completed (issue 15, section 6: "completed: 0" beside "items: 100").
+COUNTER_NAMES = ("calls_submitted", "calls_completed", "calls_failed", "calls_cancelled",
+                 "chunks_submitted", "chunks_completed", "chunks_failed", "chunks_cancelled",
+                 "items_completed", "unknown_replies", "bad_results", "retried", "calls_inline")
 
 
 cdef bint is_done(object fut) except -1:
