@@ -55,15 +55,14 @@ from fastpool._runtime import _call
 from fastpool._runtime._events import Fate, Happened, SlotEvent
 
 from fastpool._native._core cimport (
-    FP_K_INIT, FP_R_BAD_RESULT, FP_R_OK, Board, fp_now_ns,
+    FP_R_BAD_RESULT, FP_R_OK, Board, fp_now_ns,
 )
 from fastpool._native._sys cimport FP_AGAIN, FP_OK
-from fastpool._runtime._slots cimport Slots
+from fastpool._runtime._slots cimport HELD_FLAGGED, HELD_KILL, Slots
 from fastpool._runtime._task cimport (
     C_BAD_RESULTS, C_CHUNKS, C_INLINE, C_RETRIED, C_SUBMITTED, END_CANCELLED,
     END_DONE, END_FAILED, END_INLINE, END_REPLY, Fn, Ledger, Registry, Task, decode_reply,
     drop_result, encode_call, encode_chunk, is_done, new_future, run_callbacks, settle_future,
-    wire_of,
 )
 
 from fastpool._runtime._task import COUNTER_NAMES
@@ -334,10 +333,13 @@ cdef class Dispatcher:
                 self._dispatch_locked()  # capacity returns BEFORE any future settles
         finally:
             self._release()
-        cdef list later = []
-        for task in settle:
-            self._settle(<Task>task, END_REPLY, None, None, later)
-        run_callbacks(later)
+        cdef list later
+        if settle:
+            later = []
+            for task in settle:
+                self._settle(<Task>task, END_REPLY, None, None, later)
+            if later:
+                run_callbacks(later)
         if self._discard:
             self._acquire()
             dropped, self._discard = self._discard, []
@@ -422,11 +424,7 @@ cdef class Dispatcher:
         known about it yet."""
         self._acquire()
         try:
-            self.board.reset_slot(s)
-            if not self.board.push_control(s, FP_K_INIT, init_payload, req):
-                raise errors.SegmentCorrupt(
-                    f"slot {s}: a freshly reset task ring refused the K_INIT record")
-            self._slots.spawned(s)
+            self._slots.spawned(s, init_payload, req)
         finally:
             self._release()
 
@@ -588,18 +586,10 @@ cdef class Dispatcher:
                 except ValueError:
                     return "flagged", -1  # between a worker's death and its requeue
             else:
-                # The worker checks its skip words before it starts a task (Dekker
-                # with fp_slot_start): either it sees this request, or we see it
-                # running.  A task that finished a moment ago settles as cancelled.
-                if self.board.skip_task(s, self._slots.next_skip(s), wire_of(task)):
-                    # It will never run: settled now, not when the worker reaches its
-                    # record (its SKIPPED reply, or a result that beat the request, is
-                    # matched later and dropped; the task keeps its place in the slot).
-                    pass
-                elif force:
+                held = self._slots.cancel_held(s, task, force)
+                if held == HELD_KILL:
                     return "kill", s
-                else:
-                    self.board.request_cancel(s, wire_of(task))
+                if held == HELD_FLAGGED:
                     return "flagged", s
         finally:
             self._release()

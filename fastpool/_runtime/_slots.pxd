@@ -6,6 +6,13 @@ from fastpool._native._core cimport Board
 from fastpool._runtime._task cimport Ledger, Task
 
 
+# What a cancel of a task a slot holds came to (Slots.cancel_held).
+cdef enum:
+    HELD_SKIPPED = 1            # it will never run
+    HELD_KILL = 2               # it runs; force: the caller kills the worker
+    HELD_FLAGGED = 3            # it runs; its cooperative cancel flag is set
+
+
 cdef class Slots:
     cdef Board _board
     cdef int _n
@@ -31,7 +38,7 @@ cdef class Slots:
     cdef Py_ssize_t held(self, int s) except -1
     cdef bint readable(self, int s) noexcept
     cdef void forget_functions(self) noexcept
-    cdef uint64_t next_skip(self, int s) noexcept
+    cdef int cancel_held(self, int s, Task task, bint force) except -1
     # replies (dispatch lock held); events get SlotEvents for supervision
     cdef int ready(self, int s, uint64_t pid, list events) except -1
     cdef Task match(self, int s, uint64_t wire)
@@ -40,7 +47,7 @@ cdef class Slots:
     cdef int read(self, int s, list settle, list discard, list events, Ledger ledger,
                   Py_ssize_t budget) except -1
     # the lifecycle (dispatch lock held)
-    cdef int spawned(self, int s) except -1
+    cdef int spawned(self, int s, bytes init_payload, uint64_t req) except -1
     cdef void stopping(self, int s) noexcept
     cdef bint set_accepting(self, int s, bint accepting) except -1
     cdef list take(self, int s)

@@ -19,10 +19,11 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
+from fastpool import errors
 from fastpool._runtime._events import Happened, SlotEvent
 
 from fastpool._native._core cimport (
-    FP_AUX_HANDOFFS, FP_R_BAD_RESULT, FP_R_ERR, FP_R_INIT_FAILED, FP_R_OK, FP_R_READY,
+    FP_AUX_HANDOFFS, FP_K_INIT, FP_R_BAD_RESULT, FP_R_ERR, FP_R_INIT_FAILED, FP_R_OK, FP_R_READY,
     FP_R_SKIPPED, Board, fp_aux_call, fp_recv_t,
 )
 from fastpool._native._sys cimport FP_AGAIN, FP_OK
@@ -141,10 +142,21 @@ cdef class Slots:
             self._flush[s] = 1
             self._gen[s] += 1
 
-    cdef uint64_t next_skip(self, int s) noexcept:
-        """The sequence number of slot s's next cancel-before-start request."""
+    cdef int cancel_held(self, int s, Task task, bint force) except -1:
+        """Cancels a task slot s holds: HELD_SKIPPED if it will never run (it keeps its
+        place in the slot; its SKIPPED reply, or a result that beat the request, is
+        matched later and dropped), else it runs: HELD_KILL when force (the caller
+        kills the worker), HELD_FLAGGED once its cooperative flag is set."""
+        # The worker checks its skip words before it starts a task (Dekker with
+        # fp_slot_start): either it sees this request, or we see it running.
+        cdef uint64_t seq = self._skip_seq[s]
         self._skip_seq[s] += 1
-        return self._skip_seq[s] - 1
+        if self._board.skip_task(s, seq, wire_of(task)):
+            return HELD_SKIPPED
+        if force:
+            return HELD_KILL
+        self._board.request_cancel(s, wire_of(task))
+        return HELD_FLAGGED
 
     # ---- replies -------------------------------------------------------------------
 
@@ -262,8 +274,14 @@ cdef class Slots:
 
     # ---- the lifecycle -------------------------------------------------------------
 
-    cdef int spawned(self, int s) except -1:
-        """A new worker starts in slot s: nothing is known about it yet."""
+    cdef int spawned(self, int s, bytes init_payload, uint64_t req) except -1:
+        """A new worker starts in slot s: its rings are emptied (the caller holds the
+        dispatch lock, so no reader is inside them), its K_INIT record queued, and
+        nothing is known about it yet."""
+        self._board.reset_slot(s)
+        if not self._board.push_control(s, FP_K_INIT, init_payload, req):
+            raise errors.SegmentCorrupt(
+                f"slot {s}: a freshly reset task ring refused the K_INIT record")
         self._gen[s] += 1
         self._served[s] = 0
         self._skip_seq[s] = 0

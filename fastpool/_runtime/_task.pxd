@@ -87,7 +87,6 @@ cdef object new_future(object disp, object fcond, Task task)
 cdef int settle_future(object fut, object flock, object fcond, object value, object exc,
                       bint cancelled, list later) except -1
 cdef int run_callbacks(list futs) except -1
-cdef int notify_cancelled(object fut) except -1
 cdef int encode_call(Task task, tuple args, dict kwargs, object arena) except -1
 cdef int encode_chunk(Task task, object items, bint star, object arena) except -1
 cdef tuple decode_reply(Task task, object arena)

@@ -57,16 +57,6 @@ cdef bint is_done(object fut) except -1:
     return s is _FINISHED or s is _CANCELLED_NOTIFIED or s is _CANCELLED
 
 
-cdef int notify_cancelled(object fut) except -1:
-    """CANCELLED -> CANCELLED_AND_NOTIFIED (futures' lock held): wait/as_completed learn it."""
-    if fut._state is _CANCELLED:
-        fut._state = _CANCELLED_NOTIFIED
-        if fut._w:
-            for w in fut._w:
-                w.add_cancelled(fut)
-    return 0
-
-
 class PoolFuture(Future):
     """A ``concurrent.futures.Future`` whose ``result()`` drives the pool itself.
 
