@@ -22,15 +22,15 @@ def extension(name: str) -> Extension:
     )
 
 
-# In cimport order: the board, arrays, a task, the dispatcher and its handles, the worker's loop.
+# In cimport order: the board, arrays, a task, the slots, the dispatcher, the worker's loop.
 MODULES = (
     "fastpool._native._core",
     "fastpool._native._arena",
     "fastpool._native._ndarray",
     "fastpool._native._alloc",
     "fastpool._runtime._task",
+    "fastpool._runtime._slots",
     "fastpool._runtime._dispatch",
-    "fastpool._runtime._control",
     "fastpool._runtime._serve",
 )
 setup(ext_modules=[extension(n) for n in MODULES])

@@ -50,7 +50,7 @@ from fastpool import errors, telemetry
 from fastpool._integrations import _progress
 from fastpool._native import _arena, _ndarray
 from fastpool._native._core import Board, check_ring_bytes
-from fastpool._runtime import _call, _codec, _control, _dispatch, _mapper, _template
+from fastpool._runtime import _codec, _dispatch, _mapper, _template
 from fastpool._runtime._call import TaskFunction
 from fastpool._supervision import _policy, _sizing
 from fastpool._supervision._supervisor import DEFAULT_START_TIMEOUT_S, STOP_GRACE_S, Supervisor
@@ -397,7 +397,7 @@ class Pool(Executor):
                     "raise Pool(ring_bytes=...)",
                 )
             tel = telemetry.Telemetry()
-            disp = _control.Dispatcher(
+            disp = _dispatch.Dispatcher(
                 board,
                 workers,
                 max_queue=max_queue,
@@ -468,15 +468,7 @@ class Pool(Executor):
         except errors.CircuitOpen:
             if options is None or options.fallback != "inline":
                 raise
-        # Degraded mode: the pool cannot serve, so this process runs the task.
-        fut: Future = Future()
-        fut.set_running_or_notify_cancel()
-        self._tel.count("inline")
-        try:
-            fut.set_result(_call.run(fn, args, kwargs))
-        except BaseException as exc:  # noqa: BLE001 - reported on the future like any task error
-            fut.set_exception(exc)
-        return fut
+        return self._disp.run_inline(fn, args, kwargs)  # degraded mode: this process runs it
 
     def options(
         self,
@@ -778,8 +770,9 @@ class Pool(Executor):
     def stats(self) -> dict[str, Any]:
         """A snapshot: counts, per-worker state, queue depth and latency percentiles.
 
-        Calls (``submitted``, ``completed``, ``failed``, ``cancelled``) and map chunks
-        (``chunks``, ``chunks_completed``, ..., ``items``) are counted apart;
+        Calls (``calls_submitted``, ``calls_completed``, ``calls_failed``,
+        ``calls_cancelled``), map chunks (``chunks_submitted``, ``chunks_completed``,
+        ...) and the items of completed chunks (``items_completed``) are counted apart;
         ``crashed`` counts deaths nobody asked for, ``killed`` the kills fastpool
         made (timeout, memory, hang, forced cancel, damage).  Thread-safe; cheap
         enough to call once a second."""

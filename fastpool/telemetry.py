@@ -23,7 +23,6 @@ SUPERVISION_COUNTERS = (
     "restarts",
     "recycled",
     "paused",
-    "inline",
     "corrupt",
     "spawn_failures",
 )
@@ -65,18 +64,3 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
         return round(s[min(len(s) - 1, int(q * len(s)))] / 1000, 1)
 
     return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": at(1.0), "n": len(s)}
-
-
-def summarise_args(args: tuple, kwargs: dict) -> str:
-    """Argument shapes for crash records: types, array shapes and sizes, never data."""
-
-    def one(a: Any) -> str:
-        shape = getattr(a, "shape", None)
-        if shape is not None and hasattr(a, "dtype"):
-            return f"ndarray{tuple(shape)} {a.dtype} {getattr(a, 'nbytes', 0)} B"
-        if isinstance(a, (list, tuple, dict, set)):
-            return f"{type(a).__name__}[{len(a)}]"
-        return type(a).__name__
-
-    parts = [one(a) for a in args[:8]] + [f"{k}={one(v)}" for k, v in list(kwargs.items())[:8]]
-    return ", ".join(parts)

@@ -438,3 +438,44 @@ class Dummy:
 
 def make_dummy(i: int) -> Dummy:
     return Dummy(i)
+
+
+# ---- payloads that do harm when they are unpickled (issue 15, sections 1 and 2) ----------
+
+
+def raise_system_exit(msg: str) -> None:
+    raise SystemExit(msg)
+
+
+class ExitsWhenUnpickled:
+    """Pickles fine; unpickling it raises SystemExit (a result the parent rebuilds)."""
+
+    def __reduce__(self) -> Any:
+        return (raise_system_exit, ("raised while the parent unpickled a result",))
+
+
+def return_exits_when_unpickled() -> ExitsWhenUnpickled:
+    return ExitsWhenUnpickled()
+
+
+def c_exit(code: int) -> None:
+    import ctypes
+
+    ctypes.CDLL(None).exit(code)  # C exit(): atexit handlers run, no exception
+
+
+class Harmful:
+    """An argument whose unpickling kills the process that unpickles it: a segfault
+    (ctypes.string_at(0)), os._exit(0), or C exit(0)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def __reduce__(self) -> Any:
+        import ctypes
+
+        if self.how == "segfault":
+            return (ctypes.string_at, (0,))
+        if self.how == "os_exit":
+            return (os._exit, (0,))
+        return (c_exit, (0,))

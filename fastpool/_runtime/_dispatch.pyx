@@ -3,35 +3,39 @@
 
     submit(fn, args) ------------------------------------------------------------+
       fn -> Fn (id, pickle; sent to a worker once)   args -> pickle (or descriptors)
-      lock: in-flight map, FIFO queue -> LIFO idle slot (or the least-loaded one
-            while tasks are short: prefetch) -> board task ring, gathered in C
+      lock: in-flight map, FIFO queue -> a slot (Slots.pick: the LIFO idle stack, or
+            the least-loaded one while tasks are short: prefetch) -> its task ring
                                                                                  |
     board result rings ====> collect() on the thread that waits (or the collector)
       lock: match each reply to the exact attempt its slot holds (task id + attempt),
             unknown replies dropped; capacity back to the slot; queued work
             dispatched  -- all BEFORE any future settles --
-      then, unlocked: decode, settle the futures in one pass, run done-callbacks
+      then, unlocked: _settle each one (decode, count, state, done-callbacks)
 
-    supervision (Python, _supervisor) reaches in only through methods:
-      slot_spawned / take_slot / drain_slot / requeue / fail / set_accepting ...
-    and hears back through hooks (ready, init failed, first reply, retire, corrupt,
-    attention) called with no lock held.
+    every way a task ends goes through _settle: a reply, a death (settle_death),
+    a cancel, an inline run, a circuit that opened, teardown (abandon).
+
+    supervision (Python, _supervisor) reaches in through eight methods:
+      slot_spawned / slot_stopping / set_accepting / slot_view / task_on /
+      settle_death / set_paused / set_circuit
+    and hears back through on_event(SlotEvent), on_attention() and circuit_error(),
+    called with no lock held (circuit_error: under the lock, it reads breakers only).
 
 Locks, in the only order they are taken: the dispatch lock (a C lock, never held
 across a blocking call) then the futures' lock (the RLock every PoolFuture
 shares, which concurrent.futures.wait/as_completed take).  The drive lock
-(one consumer of the result rings) is taken before either.
+(one consumer of the result rings) is taken before either.  No user code (a
+done-callback, an unpickled result) ever runs under the dispatch lock.
 """
 
 cimport cython
 
 import logging
-import pickle
 import threading
 from collections import deque
 from concurrent.futures import _base
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport (
     NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock,
@@ -41,36 +45,39 @@ from cpython.pythread cimport (
 cdef extern from "pythread.h" nogil:
     ctypedef enum PyLockStatus:
         PY_LOCK_FAILURE, PY_LOCK_ACQUIRED, PY_LOCK_INTR
-    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds, int intr_flag)
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds,
+                                             int intr_flag)
 from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free
-
-from fastpool._runtime import _codec
 
 from fastpool import errors
-from fastpool._runtime._call import ChunkFailure
 from fastpool._native._core import ring_limit_error
+from fastpool._runtime import _call
+from fastpool._runtime._events import Fate, Happened, SlotEvent
 
 from fastpool._native._core cimport (
-    FP_K_CALL, FP_K_CALLKW, FP_K_CHUNK, FP_K_INIT, FP_K_STARCHUNK, FP_R_BAD_RESULT, FP_R_ERR, FP_R_INIT_FAILED,
-    FP_AUX_HANDOFFS, FP_R_OK, FP_R_READY, FP_R_SKIPPED, Board, fp_aux_call, fp_now_ns, fp_recv_t,
+    FP_R_BAD_RESULT, FP_R_OK, Board, fp_now_ns,
 )
-from fastpool._native._sys cimport FP_AGAIN, FP_CORRUPT, FP_OK, FP_TOOBIG
-from fastpool._runtime._task cimport Fn, Task, is_done, new_future, notify_cancelled, settle_future, wire_of
+from fastpool._native._sys cimport FP_AGAIN, FP_OK
+from fastpool._runtime._slots cimport HELD_FLAGGED, HELD_KILL, Slots
+from fastpool._runtime._task cimport (
+    C_BAD_RESULTS, C_CHUNKS, C_INLINE, C_RETRIED, C_SUBMITTED, END_CANCELLED,
+    END_DONE, END_FAILED, END_INLINE, END_REPLY, Fn, Ledger, Registry, Task, decode_reply,
+    drop_result, encode_call, encode_chunk, is_done, new_future, run_callbacks, settle_future,
+)
+
+from fastpool._runtime._task import COUNTER_NAMES
 
 log = logging.getLogger("fastpool")
 
 cdef object _PENDING = _base.PENDING
 cdef object _RUNNING = _base.RUNNING
-cdef object _loads = pickle.loads
-cdef object _dumps = pickle.dumps
-cdef object _TRANSFERRED = _codec.TRANSFERRED
-cdef bytes _EMPTY = b""
+cdef object _run_call = _call.run
+cdef object _FATE_REQUEUE = Fate.REQUEUE
+cdef object _FATE_RETRY = Fate.RETRY
+cdef object _FATE_CANCEL = Fate.CANCEL
 
-DEF MAX_PREFETCH = 16
-DEF READ_BUDGET = 256       # records per slot per collect round: one busy worker cannot starve the rest
-DEF FN_REGISTRY_MAX = 4096  # distinct functions before the registry (and every worker's cache) resets
-DEF FN_REGISTRY_BYTES = 64 << 20  # ...or this many bytes of their pickles (closures can hold arrays)
+cdef enum:
+    READ_BUDGET = 256  # records per slot per collect round: one busy worker cannot starve the rest
 
 PARK_SLICE_S = 0.05         # every wait returns this often, so Ctrl-C and deadlines are seen
 COLLECTOR_GRACE_S = 0.002   # the collector stays away this long after a caller drove or submitted
@@ -78,7 +85,8 @@ cdef double _park_slice = PARK_SLICE_S
 cdef int64_t _grace_ns = <int64_t>(COLLECTOR_GRACE_S * 1e9)
 cdef double _parent_spin = 80e-6
 
-cdef uint64_t _next_task_id = 1   # unique across pools; bumped with the GIL held and nothing between
+# unique across pools; bumped with the GIL held and nothing between
+cdef uint64_t _next_task_id = 1
 
 
 def set_parent_spin(double seconds):
@@ -87,65 +95,33 @@ def set_parent_spin(double seconds):
     _parent_spin = seconds
 
 
-# Counters: the dispatcher's own events (supervision keeps its own).
-COUNTER_NAMES = ("submitted", "completed", "failed", "cancelled", "chunks", "chunks_completed",
-                 "chunks_failed", "chunks_cancelled", "items", "unknown_replies", "bad_results", "retried")
-
-
-cdef inline bint _atomic(object x):
-    t = type(x)
-    return t is int or t is float or t is str or t is bytes or t is bool or x is None or t is complex
-
-
-cdef class Dispatch:
-    """The pool's queue, idle stack, in-flight and assignment maps, and the
-    submit and completion paths between them (see the module docstring).
+cdef class Dispatcher:
+    """The pool's queue and in-flight map, its slots (Slots), its function registry,
+    and the submit, completion and settle paths between them (see the module
+    docstring).
 
     Thread safety: every public method may be called from any thread; the
-    collection methods that need the drive lock take it (``drain_slot`` must
-    run on the thread that holds it, i.e. from the ``on_attention`` hook)."""
+    collection methods that need the drive lock take it (``settle_death`` drains
+    a dead worker's ring only on the thread that holds it: ``on_attention``)."""
 
     def __cinit__(self, Board board, int nslots, *args, **kwargs):
-        self.board = board
-        self.nslots = nslots
         self._lock = PyThread_allocate_lock()
         self._drive = PyThread_allocate_lock()
-        self._idle = <int *>calloc(nslots, sizeof(int))
-        self._in_idle = <char *>calloc(nslots, 1)
-        self._ready = <char *>calloc(nslots, 1)
-        self._accepting = <char *>calloc(nslots, 1)
-        self._answered = <char *>calloc(nslots, 1)
-        self._corrupt = <char *>calloc(nslots, 1)
-        self._flush = <char *>calloc(nslots, 1)
-        self._gen = <uint32_t *>calloc(nslots, sizeof(uint32_t))
-        self._served = <uint64_t *>calloc(nslots, sizeof(uint64_t))
-        self._skip_seq = <uint64_t *>calloc(nslots, sizeof(uint64_t))
-        self._counts = <long long *>calloc(COUNTER_COUNT, sizeof(long long))
-        self._wait_samples = <int64_t *>calloc(SAMPLES, sizeof(int64_t))
-        self._run_samples = <int64_t *>calloc(SAMPLES, sizeof(int64_t))
-        if (self._lock == NULL or self._drive == NULL or self._idle == NULL or self._in_idle == NULL
-                or self._ready == NULL or self._accepting == NULL or self._answered == NULL
-                or self._corrupt == NULL or self._flush == NULL or self._gen == NULL or self._served == NULL
-                or self._skip_seq == NULL or self._counts == NULL or self._wait_samples == NULL
-                or self._run_samples == NULL):
+        if self._lock == NULL or self._drive == NULL:
             raise MemoryError()
-        for s in range(nslots):
-            self._gen[s] = 1  # Fn.known starts at 0: nobody holds a function yet
 
     def __init__(self, Board board, int nslots, *, Py_ssize_t max_queue, bint reject,
                  queue_timeout, max_tasks, arena, hooks):
+        self.board = board
+        self.nslots = nslots
+        self._slots = Slots(board, nslots, max_tasks)
+        self._fns = Registry(nslots)
+        self._ledger = Ledger()
         self._queue = deque()
         self._inflight = {}
-        self._assigned = [deque() for _ in range(nslots)]
         self.max_queue = max_queue
         self._reject = reject
         self._queue_timeout = -1.0 if queue_timeout is None else queue_timeout
-        self._max_tasks = 0 if max_tasks is None else max_tasks
-        self.depth = 1
-        self._ewma_run_ns = 1e6
-        self._fns_by_obj = {}
-        self._fns_by_data = {}
-        self._next_fn = 1
         self._arena = arena
         self._hooks = hooks
         self._fcond = threading.Condition(threading.RLock())
@@ -159,22 +135,9 @@ cdef class Dispatch:
             PyThread_free_lock(self._lock)
         if self._drive != NULL:
             PyThread_free_lock(self._drive)
-        free(self._idle)
-        free(self._in_idle)
-        free(self._ready)
-        free(self._accepting)
-        free(self._answered)
-        free(self._corrupt)
-        free(self._flush)
-        free(self._gen)
-        free(self._served)
-        free(self._skip_seq)
-        free(self._counts)
-        free(self._wait_samples)
-        free(self._run_samples)
 
     def set_hooks(self, hooks):
-        """The supervision object told about ready slots, deaths, damage (see module doc)."""
+        """The supervision object: on_event, on_attention, circuit_error (module doc)."""
         self._hooks = hooks
 
     # ---- locking ---------------------------------------------------------------------
@@ -189,36 +152,25 @@ cdef class Dispatch:
     cdef void _release(self) noexcept:
         PyThread_release_lock(self._lock)
 
+    def holding_drive(self):
+        """True on the thread that consumes results right now (a done-callback there)."""
+        return self._driver == PyThread_get_thread_ident()
+
+    def lock_drive(self):
+        """Takes the drive lock for the caller (teardown: nobody may be inside a wait)."""
+        with nogil:
+            PyThread_acquire_lock(self._drive, WAIT_LOCK)
+
+    def unlock_drive(self):
+        PyThread_release_lock(self._drive)
+
     # ---- submit ----------------------------------------------------------------------
 
     cdef Fn _fn(self, object fn):
-        cdef Fn f = self._fns_by_obj.get(fn)
-        if f is not None:
-            return f
-        data = _codec.function_bytes(fn)  # raises SerializationError
-        f = self._fns_by_data.get(data)
-        if f is None:
-            if len(self._fns_by_data) >= FN_REGISTRY_MAX or self._fn_bytes + len(data) > FN_REGISTRY_BYTES:
-                # Every worker forgets its functions with the next record it gets,
-                # and the parent forgets what it sent: ids restart from scratch.
-                self._fns_by_obj.clear()
-                self._fns_by_data.clear()
-                self._fn_bytes = 0
-                for s in range(self.nslots):
-                    self._flush[s] = 1
-                    self._gen[s] += 1
-            f = Fn.__new__(Fn)
-            f.id = self._next_fn
-            self._next_fn += 1
-            f.data = data
-            f.name = getattr(fn, "__qualname__", None) or repr(fn)
-            f.known = <uint32_t *>calloc(self.nslots, sizeof(uint32_t))
-            if f.known == NULL:
-                raise MemoryError()
-            self._fns_by_data[data] = f
-            self._fn_bytes += len(data)
-        if _codec.stable_function(fn):
-            self._fns_by_obj[fn] = f
+        cdef bint reset = False
+        cdef Fn f = self._fns.get(fn, &reset)
+        if reset:
+            self._slots.forget_functions()
         return f
 
     def submit(self, fn, tuple args, dict kwargs, options=None, bint wait=True):
@@ -230,33 +182,7 @@ cdef class Dispatch:
             raise errors.PoolClosed()
         cdef Fn f = self._fn(fn)
         cdef Task task = Task.__new__(Task)
-        cdef bint simple = True
-        for a in args:
-            if not _atomic(a):
-                simple = False
-                break
-        if simple and kwargs:
-            for v in kwargs.values():
-                if not _atomic(v):
-                    simple = False
-                    break
-        if simple:
-            if kwargs:
-                task.kind, task.args = FP_K_CALLKW, _dumps((args, kwargs), 5)
-            elif args:
-                task.kind, task.args = FP_K_CALL, _dumps(args, 5)
-            else:
-                task.kind, task.args = FP_K_CALL, _EMPTY
-        else:
-            keep = []
-            if kwargs:
-                task.kind, task.args = FP_K_CALLKW, _codec.encode_args((args, kwargs), args, kwargs,
-                                                                        self._arena, keep)
-            else:
-                task.kind, task.args = FP_K_CALL, _codec.encode_args(args, args, kwargs, self._arena, keep)
-            if keep:
-                task.keep = keep
-                task.transferred = _TRANSFERRED in keep
+        encode_call(task, args, kwargs, self._arena)
         return self._submit_task(task, f, options, 0, wait)
 
     def submit_chunk(self, fn, items, bint star, bint wait=True):
@@ -265,12 +191,7 @@ cdef class Dispatch:
             raise errors.PoolClosed()
         cdef Fn f = self._fn(fn)
         cdef Task task = Task.__new__(Task)
-        task.kind = FP_K_STARCHUNK if star else FP_K_CHUNK
-        keep = []
-        task.args = _codec.encode_args(items, (items,), {}, self._arena, keep)
-        if keep:
-            task.keep = keep
-            task.transferred = _TRANSFERRED in keep
+        encode_chunk(task, items, star, self._arena)
         return self._submit_task(task, f, None, len(items), wait)
 
     cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items, bint wait):
@@ -315,7 +236,8 @@ cdef class Dispatch:
                     raise errors.QueueFull(self.max_queue, self._queue_timeout)
                 self._release()
                 try:  # drive completions ourselves: that is what makes room
-                    left = _park_slice if deadline < 0 else min(_park_slice, deadline - fp_now_ns() * 1e-9)
+                    left = _park_slice if deadline < 0 else \
+                        min(_park_slice, deadline - fp_now_ns() * 1e-9)
                     # drain to a low-water mark, not one slot: one drive per many submits
                     low = self.max_queue - max(1, self.max_queue // 4)
                     self._drive_until(None, low, max(left, 0.0))
@@ -324,10 +246,7 @@ cdef class Dispatch:
             task.id = _next_task_id
             _next_task_id += 1
             self._inflight[task.id] = task
-            if task.items:
-                self._counts[C_CHUNKS] += 1
-            else:
-                self._counts[C_SUBMITTED] += 1
+            self._ledger.add(C_CHUNKS if task.items else C_SUBMITTED, 1)
             self._queue.append(task)
             self._dispatch_locked()
         finally:
@@ -351,60 +270,17 @@ cdef class Dispatch:
 
     # ---- dispatch (lock held) ------------------------------------------------------
 
-    cdef bint _accepts(self, int s) except -1:
-        if not self._ready[s] or not self._accepting[s] or self._corrupt[s]:
-            return False
-        return self._max_tasks == 0 or self._served[s] + <uint64_t>len(self._assigned[s]) < self._max_tasks
-
-    cdef void _to_idle(self, int s) noexcept:
-        if not self._in_idle[s] and self._ready[s] and self._accepting[s] and not self._corrupt[s]:
-            self._in_idle[s] = 1
-            self._idle[self._nidle] = s
-            self._nidle += 1
-
-    cdef int _pick(self) except -2:
-        cdef int s, best = -1
-        cdef Py_ssize_t k, bestn
-        if self._paused:
-            return -1  # memory pressure: feeding workers now would feed the OOM killer
-        while self._nidle > 0:
-            self._nidle -= 1
-            s = self._idle[self._nidle]
-            self._in_idle[s] = 0
-            if self._accepts(s):
-                return s
-        if self.depth <= 1:
-            return -1
-        bestn = self.depth
-        for s in range(self.nslots):
-            if self._accepts(s):
-                k = len(self._assigned[s])
-                if k < bestn:
-                    best, bestn = s, k
-        return best
-
-    cdef int _push(self, int s, Task task) noexcept:
-        cdef Fn f = task.fn
-        cdef bint send_fn = f.known[s] != self._gen[s]
-        cdef Py_ssize_t flen = PyBytes_GET_SIZE(f.data) if send_fn else 0
-        cdef uint64_t aux = fp_aux_call(f.id, flen, self._flush[s])
-        cdef int rc = self.board.push_task(s, task.kind, wire_of(task), aux,
-                                           PyBytes_AS_STRING(f.data), flen,
-                                           PyBytes_AS_STRING(task.args), PyBytes_GET_SIZE(task.args))
-        if rc == FP_OK:
-            if send_fn:
-                f.known[s] = self._gen[s]
-            self._flush[s] = 0
-        return rc
-
     cdef int _dispatch_locked(self) except -1:
         cdef int s, rc
         cdef Task task
         cdef bint flocked = False
+        cdef Slots slots = self._slots
         queue = self._queue
+        if self._paused:
+            return 0  # memory pressure: feeding workers now would feed the OOM killer
         try:
             while queue:
-                s = self._pick()
+                s = slots.pick(self._ledger.prefetch())
                 if s < 0:
                     break
                 task = queue.popleft()
@@ -416,41 +292,24 @@ cdef class Dispatch:
                     if fut._state is _PENDING:
                         fut._state = _RUNNING
                     else:  # cancelled while queued: tell as_completed/wait now
-                        notify_cancelled(fut)
-                        self._drop_locked(task)
-                        self._to_idle(s)
+                        self._settle(task, END_CANCELLED, None, None)
+                        slots.to_idle(s)
                         continue
                     task.t_dispatch = fp_now_ns()
-                rc = self._push(s, task)
+                rc = slots.push(s, task)
                 if rc == FP_OK:
-                    task.slot = s
-                    self._assigned[s].append(task)
                     continue
                 queue.appendleft(task)
                 if rc == FP_AGAIN:  # ring full: the slot is busy enough
-                    if not self._assigned[s]:
-                        self._to_idle(s)
+                    if not slots.held(s):
+                        slots.to_idle(s)
                     break
                 # The worker wrote its task ring's head: it can take nothing more.
-                self._mark_corrupt(s, "its task ring's head was overwritten")
+                slots.mark_corrupt(s, "its task ring's head was overwritten", self._pending)
         finally:
             if flocked:
                 self._flock.release()
         return 0
-
-    cdef int _drop_locked(self, Task task) except -1:
-        if self._inflight.pop(task.id, None) is not None:
-            self._counts[C_CHUNKS_CANCELLED if task.items else C_CANCELLED] += 1
-        task.settled = True
-        task.keep = None
-        task.future = None
-        return 0
-
-    cdef int _mark_corrupt(self, int s, str what) except -1:
-        if not self._corrupt[s]:
-            self._corrupt[s] = 1
-            self._ready[s] = 0
-            self._pending.append(("corrupt", s, what))
 
     # ---- completion ------------------------------------------------------------------
 
@@ -467,21 +326,26 @@ cdef class Dispatch:
             start = self._next_poll
             for i in range(self.nslots):
                 s = (start + i) % self.nslots
-                if not self._corrupt[s] and self.board.results_pending(s):
-                    n += self._read_slot(s, settle, self._pending, READ_BUDGET)
+                if self._slots.readable(s) and self.board.results_pending(s):
+                    n += self._read_slot(s, settle, READ_BUDGET)
             self._next_poll = (start + 1) % self.nslots
             if n and self._queue:
                 self._dispatch_locked()  # capacity returns BEFORE any future settles
         finally:
             self._release()
-        for task in settle:
-            self._settle(<Task>task)
+        cdef list later
+        if settle:
+            later = []
+            for task in settle:
+                self._settle(<Task>task, END_REPLY, None, None, later)
+            if later:
+                run_callbacks(later)
         if self._discard:
             self._acquire()
             dropped, self._discard = self._discard, []
             self._release()
             for payload, src in dropped:
-                self._drop_result(payload, src)
+                drop_result(payload, self._arena, src)
         n += self._run_events()
         if self.board.take_attention():
             n += 1
@@ -491,210 +355,336 @@ cdef class Dispatch:
                 self._progress.notify_all()
         return n
 
-    cdef int _read_slot(self, int s, list settle, list events, Py_ssize_t budget) except -1:
-        cdef fp_recv_t rec
-        cdef int rc, k = 0
-        cdef uint32_t kind
-        cdef uint64_t wire
-        cdef Task task, t
-        cdef Board board = self.board
-        q = self._assigned[s]
-        while budget < 0 or k < budget:
-            rc = board.peek_result(s, &rec)
-            if rc == FP_AGAIN:
-                break
-            if rc != FP_OK:
-                self._mark_corrupt(s, "its result ring holds a record that breaks the format "
-                                      "(a position or a length out of bounds)")
-                break
-            kind, wire = rec.kind, rec.task_id
-            payload = PyBytes_FromStringAndSize(<const char *>rec.payload, rec.len) if rec.len else None
-            board.release_result(s, rec.next)
-            k += 1
-            if kind == FP_R_READY:
-                if not self._ready[s]:
-                    self._ready[s] = 1
-                    if not q:
-                        self._to_idle(s)
-                    events.append(("ready", s, rec.aux))
-                continue
-            if kind == FP_R_INIT_FAILED:
-                events.append(("init_failed", s, payload))
-                continue
-            if kind != FP_R_OK and kind != FP_R_ERR and kind != FP_R_BAD_RESULT and kind != FP_R_SKIPPED:
-                self._mark_corrupt(s, f"its result ring holds a record of unknown kind {kind}")
-                break
-            task = None
-            if q:
-                t = q[0]
-                if wire_of(t) == wire:
-                    task = q.popleft()
-                else:
-                    for t in q:
-                        if wire_of(t) == wire:
-                            task = t
-                            break
-                    if task is not None:
-                        q.remove(task)
-            if task is None:  # not a task this slot holds (late, or never ours): drop it
-                self._counts[C_UNKNOWN] += 1
-                if kind == FP_R_OK and payload is not None:
-                    self._discard.append((payload, s + 1 if rec.aux & FP_AUX_HANDOFFS else 0))
-                continue
-            if kind == FP_R_SKIPPED and not task.cancel_requested and not task.settled:
-                # Nobody asked to drop it: the worker's skip words were overwritten.
-                task.rkind, task.payload = FP_R_ERR, None
-                self._inflight.pop(task.id, None)
-                self._counts[C_CHUNKS_FAILED if task.items else C_FAILED] += 1
-                settle.append(task)
-                self._mark_corrupt(s, f"it skipped task {task.id}, which nobody cancelled")
-                break
-            if kind != FP_R_SKIPPED:
-                self._served[s] += 1
-                if self._max_tasks and self._served[s] >= self._max_tasks:
-                    self._accepting[s] = 0
-            if not self._answered[s]:
-                self._answered[s] = 1
-                events.append(("answered", s, 0))
-            if not q:
-                if self._accepting[s]:
-                    self._to_idle(s)
-                elif self._ready[s]:
-                    events.append(("retire", s, 0))
-            if task.settled:  # cancelled while its worker held it: counted then
-                if kind == FP_R_OK and payload is not None:
-                    self._discard.append((payload, s + 1 if rec.aux & FP_AUX_HANDOFFS else 0))
-                continue
-            self._inflight.pop(task.id, None)
-            task.rkind = kind
-            task.payload = payload
-            task.run_ns = rec.aux & ~FP_AUX_HANDOFFS
-            task.handoff_src = s + 1 if rec.aux & FP_AUX_HANDOFFS else 0
-            if kind == FP_R_SKIPPED or task.cancel_requested:
-                self._counts[C_CHUNKS_CANCELLED if task.items else C_CANCELLED] += 1
-            elif kind == FP_R_OK:
-                if task.items:
-                    self._counts[C_CHUNKS_COMPLETED] += 1
-                    self._counts[C_ITEMS] += task.items
-                else:
-                    self._counts[C_COMPLETED] += 1
-            else:
-                if kind == FP_R_BAD_RESULT:
-                    self._counts[C_BAD_RESULTS] += 1
-                self._counts[C_CHUNKS_FAILED if task.items else C_FAILED] += 1
-            if kind != FP_R_SKIPPED:
-                self._sample(task, task.run_ns)
-            settle.append(task)
-        return k
+    cdef int _read_slot(self, int s, list settle, Py_ssize_t budget) except -1:
+        return self._slots.read(s, settle, self._discard, self._pending, self._ledger, budget)
 
-    cdef int _sample(self, Task task, int64_t run_ns) except -1:
-        cdef uint64_t i = self._nsamples % SAMPLES
-        self._run_samples[i] = run_ns
-        self._wait_samples[i] = task.t_dispatch - task.t_submit
-        self._nsamples += 1
-        self._ewma_run_ns += 0.2 * (run_ns - self._ewma_run_ns)
-        if self._ewma_run_ns > 1e6:
-            self.depth = 1
-        else:
-            self.depth = <int>min(MAX_PREFETCH, max(2.0, 2e6 / max(self._ewma_run_ns, 1.0)))
-        return 0
+    # ---- settle: the one way a task ends ----------------------------------------------
 
-    cdef int _settle(self, Task task) except -1:
-        cdef uint32_t kind = task.rkind
-        payload = task.payload
-        task.payload = None
-        if kind == FP_R_SKIPPED or task.cancel_requested:
-            if kind == FP_R_OK and payload is not None:
-                self._drop_result(payload, task.handoff_src)
-            return self._finish(task, None, None, True)
-        if kind == FP_R_OK:
-            if payload is None:
-                return self._finish(task, None, None, False)
+    cdef int _settle(self, Task task, int outcome, object value, object exc,
+                     list later=None) except -1:
+        """Ends task: every path comes here (a reply, a death, a cancel, an inline run,
+        a circuit that opened, teardown).  outcome END_REPLY decodes the worker's
+        reply first; END_INLINE runs the call (value: (fn, args, kwargs), or None
+        to rebuild it from the task) in this process first.
+
+        The only place that catches what user code raises in the parent (a result's
+        unpickling, an inline call, done-callbacks in settle_future): whatever it
+        raises, BaseException included, ends up on the future, and the thread that
+        settles goes on.  Takes no dispatch lock: callers may hold it only for a
+        future its own caller cancelled (no callbacks run then).  A caller that
+        settles a batch passes later and runs its callbacks after the batch."""
+        cdef bint decoding = outcome == END_REPLY
+        if task.settled:
+            return 0
+        task.settled = True  # no Python call since the test: a second settle stops above
+        fut = task.future
+        if decoding or outcome == END_INLINE:
             try:
-                value = _codec.decode_result(payload, self._arena, task.handoff_src) if task.handoff_src \
-                    else _loads(payload)
-            except Exception as exc:  # noqa: BLE001 - the parent cannot rebuild the result
-                self._count_failed_ok(task, 0)
-                return self._finish(task, None, errors.SerializationError(
-                    f"the result of task {task.id}", f"unpickling failed in the parent: {exc!r}"), False)
-            if task.items and type(value) is ChunkFailure:
-                self._count_failed_ok(task, len((<object>value).results))
-            return self._finish(task, value, None, False)
-        if kind == FP_R_ERR:
-            if payload is None:  # see _read_slot: a skip nobody asked for
-                return self._finish(task, None, errors.SegmentCorrupt(
-                    f"task {task.id} was dropped by a worker that damaged its slot's shared words; "
-                    "the worker was killed and replaced"), False)
-            try:
-                exc = _codec.decode_exception(payload)
-            except Exception as err:  # noqa: BLE001 - a payload the worker could have scribbled
-                exc = errors.SerializationError(f"the error of task {task.id}", f"undecodable: {err!r}")
-            return self._finish(task, None, exc, False)
-        try:
-            exc = _codec.decode_bad_result(payload)
-        except Exception as err:  # noqa: BLE001
-            exc = errors.SerializationError(f"the result of task {task.id}", f"undecodable: {err!r}")
-        self._hooks.on_bad_result(task)
-        return self._finish(task, None, exc, False)
-
-    cdef int _count_failed_ok(self, Task task, Py_ssize_t done) except -1:
-        # An OK record that was a failure after all: a result the parent could not
-        # decode (done = 0), or a map chunk whose function raised (it carries the
-        # done items before the failing one, and the exception).
-        self._acquire()
-        if task.items:
-            self._counts[C_CHUNKS_COMPLETED] -= 1
-            self._counts[C_CHUNKS_FAILED] += 1
-            self._counts[C_ITEMS] -= task.items - done
-        else:
-            self._counts[C_COMPLETED] -= 1
-            self._counts[C_FAILED] += 1
-        self._release()
+                if decoding:
+                    if task.rkind == FP_R_BAD_RESULT:
+                        self._ledger.add(C_BAD_RESULTS, 1)
+                        self._pending.append(SlotEvent(Happened.BAD_RESULT, task.slot, task))
+                    outcome, value, exc = decode_reply(task, self._arena)
+                else:
+                    fn, args, kwargs = task.decode_call() if value is None else value
+                    self._ledger.add(C_INLINE, 1)
+                    outcome, value = END_DONE, _run_call(fn, args, kwargs)
+            except BaseException as err:  # noqa: BLE001 - user code: it ends on this future
+                outcome, value, exc = END_FAILED, None, err
+                if decoding and task.rkind == FP_R_OK:  # the parent cannot rebuild the result
+                    exc = errors.SerializationError(f"the result of task {task.id}",
+                                                    f"unpickling failed in the parent: {err!r}")
+                    exc.__cause__ = err
+        task.keep = None  # the call's shared blocks may go now
+        task.future = None  # Task is not GC-tracked: the future -> task -> future cycle ends here
+        if self._inflight.pop(task.id, None) is not None:
+            self._ledger.ended(task, outcome, value)
+        if fut is not None:
+            settle_future(fut, self._flock, self._fcond, value, exc, outcome == END_CANCELLED,
+                          later)
         return 0
-
-    cdef int _drop_result(self, bytes payload, int src) except -1:
-        """Decodes a result nobody will read, and drops it: decoding is what returns
-        the worker's handoff references on the shared blocks it names (else they
-        stay pinned); a payload that cannot be decoded gives them back too."""
-        try:
-            if src:
-                _codec.decode_result(payload, self._arena, src)
-            else:
-                _loads(payload)
-        except Exception:  # noqa: BLE001 - nothing to tell anyone about a result nobody wants
-            pass
-        return 0
-
-    cdef int _finish(self, Task task, object value, object exc, bint cancelled) except -1:
-        return settle_future(task, self._flock, self._fcond, value, exc, cancelled)
 
     cdef int _run_events(self) except -1:
-        """Hooks for what the last locked section saw, called with no lock held."""
+        """Tell supervision what the last locked sections saw, with no lock held."""
         if not self._pending:
             return 0
         self._acquire()
         events = self._pending
         self._pending = []
         self._release()
-        hooks = self._hooks
-        for what, s, arg in events:
-            if what == "ready":
-                hooks.on_ready(s, arg)
-            elif what == "answered":
-                hooks.on_first_reply(s)
-            elif what == "retire":
-                hooks.on_retire(s)
-            elif what == "init_failed":
-                hooks.on_init_failed(s, arg)
-            elif what == "corrupt":
-                hooks.on_corrupt(s, arg)
+        for ev in events:
+            self._hooks.on_event(ev)
         return len(events)
+
+    # ---- supervision's eight methods -------------------------------------------------
+
+    def slot_spawned(self, int s, bytes init_payload, uint64_t req):
+        """A new worker is starting in slot s: its rings are emptied (under the lock,
+        so no reader is inside them), its K_INIT record queued, and nothing is
+        known about it yet."""
+        self._acquire()
+        try:
+            self._slots.spawned(s, init_payload, req)
+        finally:
+            self._release()
+
+    def slot_stopping(self, int s):
+        """The worker in slot s takes nothing more (retired, stopped, killed)."""
+        self._acquire()
+        self._slots.stopping(s)
+        self._release()
+
+    def set_accepting(self, int s, bint accepting):
+        """Retiring (False): no more tasks.  Returns True if the slot is idle now."""
+        self._acquire()
+        try:
+            idle = self._slots.set_accepting(s, accepting)
+            if accepting and idle:
+                self._dispatch_locked()
+        finally:
+            self._release()
+        self._run_events()
+        return idle
+
+    def slot_view(self, int s):
+        """(ready, accepting, served, assigned) for stats."""
+        self._acquire()
+        try:
+            return self._slots.view(s)
+        finally:
+            self._release()
+
+    def task_on(self, int s, uint64_t wire):
+        """The task slot s holds under this wire id, or None."""
+        self._acquire()
+        try:
+            return self._slots.task_on(s, wire)
+        finally:
+            self._release()
+
+    def settle_death(self, int s, judge):
+        """A dead (or never started) worker's tasks, each to its fate.
+
+        On the thread that holds the drive lock, what the worker published before
+        it died settles first: those tasks finished, and are neither run again nor
+        judged.  Then every task the slot holds is taken off it (ring order) and
+        ``judge(tasks)`` (called with no dispatcher lock held) returns a
+        ``(task, Fate, exception)`` for each: REQUEUE and RETRY go back to the front
+        of the queue (retries first: the task that ran), FAIL and CANCEL settle."""
+        cdef list settle = []
+        cdef list front = []
+        cdef list later = []
+        if self._driver == PyThread_get_thread_ident():
+            self._acquire()
+            try:
+                if self._slots.readable(s):
+                    self._read_slot(s, settle, -1)
+            finally:
+                self._release()
+            for t in settle:
+                self._settle(<Task>t, END_REPLY, None, None, later)
+        self._acquire()
+        try:
+            tasks = self._slots.take(s)
+        finally:
+            self._release()
+        rulings = judge(tasks)
+        retries = [t for t, fate, _ in rulings if fate is _FATE_RETRY]
+        self._acquire()
+        try:
+            for t in retries:
+                (<Task>t).attempt += 1
+                self._ledger.add(C_RETRIED, 1)
+            front = retries + [t for t, fate, _ in rulings if fate is _FATE_REQUEUE]
+            for t in reversed(front):
+                if not (<Task>t).settled:  # cancelled while a worker held it: not run again
+                    self._queue.appendleft(t)
+            self._dispatch_locked()
+        finally:
+            self._release()
+        for t, fate, exc in rulings:
+            if fate is _FATE_CANCEL:
+                self._settle(<Task>t, END_CANCELLED, None, None, later)
+            elif fate is not _FATE_REQUEUE and fate is not _FATE_RETRY:
+                self._settle(<Task>t, END_FAILED, None, exc, later)
+        run_callbacks(later)
+        self._run_events()
+
+    def set_paused(self, bint paused):
+        """Memory pressure: nothing is dispatched while paused."""
+        self._acquire()
+        self._paused = paused
+        if not paused:
+            self._dispatch_locked()
+        self._release()
+        self._run_events()
+
+    def set_circuit(self, exc):
+        """exc (a CircuitOpen): every breaker is open.  Submits ask circuit_error()
+        and raise, and every queued task ends now: one with fallback="inline" runs
+        in this process, the others fail with exc.  None: the circuit is closed."""
+        self._circuit_open = exc is not None
+        if exc is None:
+            return
+        cdef list later = []
+        for t in self._take_queue():
+            options = (<Task>t).options
+            if options is not None and options.fallback == "inline":
+                self._settle(<Task>t, END_INLINE, None, None, later)
+            else:
+                self._settle(<Task>t, END_FAILED, None, exc, later)
+        run_callbacks(later)
+
+    # ---- the caller's other ends: inline, cancel, shutdown ---------------------------
+
+    def run_inline(self, fn, tuple args, dict kwargs):
+        """Degraded mode (fallback="inline", every breaker open): runs fn(*args,
+        **kwargs) in this process now and returns its settled PoolFuture, whose
+        result() raises what fn raised."""
+        global _next_task_id
+        cdef Task task = Task.__new__(Task)
+        task.id = _next_task_id
+        _next_task_id += 1
+        task.slot = -1
+        fut = new_future(self, self._fcond, task)
+        fut._state = _RUNNING
+        task.future = fut
+        self._settle(task, END_INLINE, (fn, args, kwargs), None)
+        return fut
+
+    def drop_cancelled(self, Task task):
+        """A future cancelled while queued: out of the queue now, waiters told."""
+        if task.future is None:
+            return
+        self._acquire()
+        try:
+            try:
+                self._queue.remove(task)
+            except ValueError:
+                return  # dispatch took it meanwhile; it tells the waiters
+            self._settle(task, END_CANCELLED, None, None)  # its caller ran the callbacks
+        finally:
+            self._release()
+
+    def cancel(self, fut, bint force):
+        """Pool.cancel, below the future's own cancel().  Returns (outcome, slot):
+        "done" (it had settled: the caller returns False), "cancelled" (dropped
+        before it ran: True), "flagged" (running; the cooperative flag is set:
+        True) or "kill" (running; the caller kills slot's worker: True)."""
+        cdef Task task = fut._task
+        cdef int s = -1
+        self._acquire()
+        try:
+            if task.settled or is_done(fut):
+                return "done", -1
+            task.cancel_requested = True
+            s = task.slot
+            if s < 0:
+                # Back in the queue after a crash (its future says RUNNING): drop it here.
+                try:
+                    self._queue.remove(task)
+                except ValueError:
+                    return "flagged", -1  # between a worker's death and its requeue
+            else:
+                held = self._slots.cancel_held(s, task, force)
+                if held == HELD_KILL:
+                    return "kill", s
+                if held == HELD_FLAGGED:
+                    return "flagged", s
+        finally:
+            self._release()
+        self._settle(task, END_CANCELLED, None, None)
+        return "cancelled", s
+
+    cdef list _take_queue(self):
+        self._acquire()
+        try:
+            tasks = list(self._queue)
+            self._queue.clear()
+            return tasks
+        finally:
+            self._release()
+
+    def close(self):
+        """No new submits (PoolClosed)."""
+        self._closed = True
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def cancel_queued(self):
+        """Cancels every task no worker holds (shutdown(cancel_futures=True))."""
+        cdef list later = []
+        tasks = self._take_queue()
+        for t in tasks:
+            self._settle(<Task>t, END_CANCELLED, None, None, later)
+        run_callbacks(later)
+        return len(tasks)
+
+    def abandon(self, exc_factory):
+        """Teardown: every task not settled yet fails with exc_factory(task)."""
+        self._acquire()
+        try:
+            tasks = list(self._inflight.values())
+            self._queue.clear()
+            self._slots.clear()
+        finally:
+            self._release()
+        cdef list later = []
+        for t in tasks:
+            self._settle(<Task>t, END_FAILED, None, exc_factory(t), later)
+        run_callbacks(later)
+        return len(tasks)
+
+    def set_torn_down(self):
+        self.torn_down = True
+        self.board.kick()
+
+    # ---- views ------------------------------------------------------------------------
+
+    @property
+    def depth(self):
+        """Prefetch: how many tasks a worker may hold (from recent run times)."""
+        return self._ledger.prefetch()
+
+    @property
+    def inflight(self):
+        return len(self._inflight)
+
+    @property
+    def queued(self):
+        return len(self._queue)
+
+    def tasks(self):
+        """A snapshot of the tasks accepted and not settled."""
+        self._acquire()
+        try:
+            return list(self._inflight.values())
+        finally:
+            self._release()
+
+    def counts(self):
+        return self._ledger.counts()
+
+    def samples(self):
+        """(queue waits, run times) in ns, the latest up to 8192 of each."""
+        return self._ledger.samples()
 
     # ---- driving: the waiting thread consumes results itself -----------------------
 
     def wait(self, fut, timeout=None):
-        """Drives completions on this thread until fut settles or timeout passes."""
-        return self._drive_until(fut, None, timeout)
+        """Drives completions on this thread until fut settles or timeout passes.
+
+        With no timeout it returns only once fut settled: a future that the pool,
+        torn down, can no longer settle fails here with BrokenPool, so that
+        result(timeout=None) never raises TimeoutError."""
+        if self._drive_until(fut, None, timeout) or timeout is not None or is_done(fut):
+            return True if timeout is None else is_done(fut)
+        task = fut._task
+        self._settle(<Task>task, END_FAILED, None, errors.BrokenPool(
+            f"the pool was shut down before task {(<Task>task).id} settled"))
+        return True
 
     def drive(self, pred, timeout=None):
         """Drives completions on this thread until pred() or timeout.  Returns pred()."""

@@ -37,7 +37,7 @@ cdef object _loads = pickle.loads
 cdef object _dumps = pickle.dumps
 cdef object _iscoroutine = inspect.iscoroutine
 
-DEF RESULT_WAIT_NS = 3600 * 1000000000  # a parent that reads nothing for an hour is gone
+cdef int64_t RESULT_WAIT_NS = 3600 * 1000000000  # a parent reading nothing for an hour is gone
 
 # Exit codes the parent reads as "why the worker left".
 EXIT_STOPPED = 0

@@ -1,4 +1,4 @@
-"""Type stubs for fastpool/_runtime/_task.pyx (compiled): Task, Fn and PoolFuture."""
+"""Type stubs for fastpool/_runtime/_task.pyx (compiled): Task, Fn, PoolFuture, Registry, Ledger."""
 
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -8,6 +8,10 @@ from typing_extensions import disjoint_base  # a C layout: no class can derive f
 from fastpool._supervision._policy import TaskOptions
 
 _T = TypeVar("_T")
+
+COUNTER_NAMES: tuple[str, ...]
+FN_REGISTRY_MAX: int
+FN_REGISTRY_BYTES: int
 
 class PoolFuture(Future[_T]):
     """A concurrent.futures.Future whose result() drives the pool (made by the pool only)."""
@@ -32,7 +36,7 @@ class Task:
     attempt: int
     kind: int
     future: PoolFuture[Any] | None
-    fn: Fn
+    fn: Fn | None
     args: bytes
     options: TaskOptions | None
     keep: Any
@@ -47,8 +51,19 @@ class Task:
     rkind: int
     payload: Any
     handoff_src: int
+    arg_facts: Any
     @property
     def wire(self) -> int: ...
     @property
     def fn_name(self) -> str: ...
+    def describe_args(self) -> str: ...
     def decode_call(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]: ...
+
+@disjoint_base
+class Registry:
+    def __new__(cls, nslots: int) -> Registry: ...
+
+@disjoint_base
+class Ledger:
+    def counts(self) -> dict[str, int]: ...
+    def samples(self) -> tuple[list[int], list[int]]: ...

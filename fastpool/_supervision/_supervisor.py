@@ -12,10 +12,14 @@ memory, kills, and what happens to a dead worker's tasks.
     memory: owned bytes vs memory_limit -> kill;          slot backs off (or not: a verdict)
             leak -> retire; pressure -> pause
 
-The supervisor reaches the dispatcher only through its public methods and is
-reached back through the hooks it implements (``on_ready``, ``on_attention``,
-...), which the dispatcher calls with none of its locks held.  Lock order: the
-supervisor's lock, then (inside dispatcher methods) the dispatcher's.
+The supervisor reaches the dispatcher through eight methods (slot_spawned,
+slot_stopping, set_accepting, slot_view, task_on, settle_death, set_paused,
+set_circuit) and is reached back through three (``on_event`` with a typed
+SlotEvent, ``on_attention``, ``circuit_error``), which the dispatcher calls with
+none of its locks held.  A death reaches the dispatcher in one call,
+``settle_death(slot, judge)``: ``_judge`` decides each task's Fate from _verdict.
+Lock order: the supervisor's lock, then (inside dispatcher methods) the
+dispatcher's.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ import signal
 import threading
 import time
 from collections import deque
-from concurrent.futures import CancelledError
 from typing import Any, Callable
 
 from fastpool import errors, telemetry
 from fastpool._runtime import _codec, _template
+from fastpool._runtime._events import Fate, Happened, SlotEvent
 from fastpool._supervision import _memory, _policy, _verdict
 from fastpool._supervision._verdict import Cause, Kill
 
@@ -210,41 +214,40 @@ class Supervisor:
 
     # ---- hooks the dispatcher calls (no dispatcher lock held) -----------------------
 
-    def on_ready(self, sid: int, pid: int) -> None:
-        with self.lock:
-            slot = self.slots[sid]
-            if slot.state == "starting" and slot.pid in (None, pid):
-                slot.pid = pid  # READY can overtake the template's ("pid", ...) message
-                slot.state = "ready"
-
-    def on_init_failed(self, sid: int, payload: bytes | None) -> None:
-        try:
-            exc = _codec.decode_exception(payload or b"")
-        except Exception as err:  # noqa: BLE001 - a payload the worker could have scribbled
-            exc = errors.InitializerError(f"undecodable initializer failure: {err!r}", sid)
-        with self.lock:
-            self.slots[sid].init_error = exc
-
-    def on_first_reply(self, sid: int) -> None:
-        self.slots[sid].breaker.on_success()  # first reply, not spawn: see _policy
-
-    def on_retire(self, sid: int) -> None:
-        with self.lock:
-            self._retire(self.slots[sid])
-
-    def on_corrupt(self, sid: int, what: str) -> None:
-        with self.lock:
-            slot = self.slots[sid]
-            self.tel.count("corrupt")
-            if slot.kill is None and slot.pid is not None:
-                self.kill(slot, Kill(Cause.CORRUPT, None, what))
-
-    def on_bad_result(self, task: Any) -> None:
-        log.warning(
-            "fastpool: task %s (%s) returned a result that cannot be pickled; the worker is fine",
-            task.id,
-            task.fn_name,
-        )
+    def on_event(self, ev: SlotEvent) -> None:
+        """What a slot did (see _events.Happened); called with no dispatcher lock held."""
+        sid, what = ev.slot, ev.what
+        if what is Happened.READY:
+            with self.lock:
+                slot = self.slots[sid]
+                if slot.state == "starting" and slot.pid in (None, ev.detail):
+                    slot.pid = ev.detail  # READY can overtake the template's ("pid", ...) message
+                    slot.state = "ready"
+        elif what is Happened.INIT_FAILED:
+            try:
+                exc = _codec.decode_exception(ev.detail or b"")
+            except Exception as err:  # noqa: BLE001 - a payload the worker could have scribbled
+                exc = errors.InitializerError(f"undecodable initializer failure: {err!r}", sid)
+            with self.lock:
+                self.slots[sid].init_error = exc
+        elif what is Happened.FIRST_REPLY:
+            self.slots[sid].breaker.on_success()  # first reply, not spawn: see _policy
+        elif what is Happened.RETIRE:
+            with self.lock:
+                self._retire(self.slots[sid])
+        elif what is Happened.CORRUPT:
+            with self.lock:
+                slot = self.slots[sid]
+                self.tel.count("corrupt")
+                if slot.kill is None and slot.pid is not None:
+                    self.kill(slot, Kill(Cause.CORRUPT, None, ev.detail))
+        elif what is Happened.BAD_RESULT:
+            log.warning(
+                "fastpool: task %s (%s) returned a result that cannot be pickled; the worker "
+                "is fine",
+                ev.detail.id,
+                ev.detail.fn_name,
+            )
 
     def circuit_error(self) -> BaseException | None:
         """CircuitOpen while every slot's breaker is open (called under the dispatcher
@@ -262,39 +265,40 @@ class Supervisor:
     # ---- deaths ----------------------------------------------------------------------
 
     def _handle_death(self, sid: int, pid: int, exitcode: int | None) -> None:
-        disp = self.disp
-        failed: list[tuple[Any, BaseException]] = []
-        inline: list[Any] = []
         slot = self.slots[sid]
         if slot.pid != pid:
             return
-        # Everything the worker published before it died settles first: those tasks
-        # finished, and must neither run again nor be judged.  (No supervisor lock:
-        # settling runs done-callbacks.)
-        disp.drain_slot(sid)
+        # The dispatcher settles what the worker published before it died first (no
+        # supervisor lock: settling runs done-callbacks), then asks _judge.
+        self.disp.settle_death(sid, lambda tasks: self._judge(slot, pid, exitcode, tasks))
+        if all(s.state == "open" for s in self.slots):
+            self.disp.set_circuit(self.circuit_error())
+
+    def _judge(
+        self, slot: Slot, pid: int, exitcode: int | None, tasks: list[Any]
+    ) -> list[tuple[Any, Fate, BaseException | None]]:
+        """Each of a dead worker's tasks to its fate: the one it ran is judged
+        (_verdict), the others never started and go back to the queue."""
         with self.lock:
             if slot.pid != pid:
-                return
-            tasks = disp.take_slot(sid)
+                return [(t, Fate.REQUEUE, None) for t in tasks]
             try:
-                self.arena.reclaim(sid)  # the dead worker's references on shared blocks
+                self.arena.reclaim(slot.id)  # the dead worker's references on shared blocks
             except errors.SegmentCorrupt:
-                self._repair_arena(dead=sid)
-            current = self.board.current(sid)
+                self._repair_arena(dead=slot.id)
+            current = self.board.current(slot.id)
             kill, slot.kill = slot.kill, None
+            fates: list[tuple[Any, Fate, BaseException | None]] = []
             if kill is not None and kill.cause is Cause.CORRUPT:
                 # Its ring and slot words are not to be trusted: which of its tasks ran
                 # cannot be known, so none is run again; each fails with the damage.
                 for t in tasks:
-                    failed.append(
-                        (
-                            t,
-                            errors.SegmentCorrupt(
-                                f"task {t.id} was held by worker {sid} (pid {pid}), which damaged the pool's "
-                                f"shared memory ({kill.detail}); the worker was killed and replaced"
-                            ),
-                        )
+                    damage = errors.SegmentCorrupt(
+                        f"task {t.id} was held by worker {slot.id} (pid {pid}), which damaged "
+                        f"the pool's shared memory ({kill.detail}); the worker was killed and "
+                        "replaced"
                     )
+                    fates.append((t, Fate.FAIL, damage))
                 tasks = []
             victim = next((t for t in tasks if t.wire == current), None)
             if victim is None and tasks and kill is None and not self.stopping:
@@ -305,14 +309,15 @@ class Supervisor:
                     # judged, so a non-pure task that scribbled `current` never runs
                     # again (issue 15, section 7).
                     victim = tasks[0]
-            disp.requeue([t for t in tasks if t is not victim])  # never started: back to the front
+            # never started: back to the front
+            fates += [(t, Fate.REQUEUE, None) for t in tasks if t is not victim]
             planned = self.stopping or (kill is not None and kill.cause.planned)
             if planned and victim is None:
                 slot.state, slot.pid, slot.retiring = "dead", None, False
                 if kill is not None and kill.cause is Cause.RETIRED and not self.stopping:
                     self.tel.count("recycled")
                     self._spawn(slot, time.monotonic())  # a planned exit: no backoff, no breaker
-                return
+                return fates
             death = self._death_facts(slot, pid, exitcode, kill)
             facts = _task_facts(victim) if victim is not None else None
             cause, detail = _verdict.cause_of(death, facts)
@@ -322,23 +327,12 @@ class Supervisor:
             self.tel.crash(rec)
             if victim is not None and facts is not None:
                 if victim.cancel_requested:
-                    failed.append(
-                        (
-                            victim,
-                            CancelledError(
-                                f"task {victim.id} was cancelled; its worker died before it stopped"
-                            ),
-                        )
-                    )
+                    fates.append((victim, Fate.CANCEL, None))
                 elif result == "retry":
-                    disp.retry(victim)
+                    fates.append((victim, Fate.RETRY, None))
                 else:
-                    failed.append(
-                        (
-                            victim,
-                            _verdict.exception_for(death, cause, detail, facts, result or "fail"),
-                        )
-                    )
+                    exc = _verdict.exception_for(death, cause, detail, facts, result or "fail")
+                    fates.append((victim, Fate.FAIL, exc))
             if cause.verdict:
                 # The worker was healthy; fastpool stopped it for its task.
                 slot.pid, slot.state = None, "backing_off"
@@ -350,22 +344,7 @@ class Supervisor:
                 )
             level, text = _verdict.sentence(death, cause, detail, facts, result, restart)
             log.log(level, text)
-            if all(s.state == "open" for s in self.slots):
-                disp.set_circuit_open(True)
-                exc = self.circuit_error()
-                if exc is not None:
-                    for t in disp.take_queue():
-                        if t.options is not None and t.options.fallback == "inline":
-                            inline.append(t)
-                        else:
-                            failed.append((t, exc))
-        for task, exc in failed:
-            if isinstance(exc, CancelledError):
-                disp.cancelled(task)
-            else:
-                disp.fail(task, exc)
-        for task in inline:
-            self.run_inline(task)
+            return fates
 
     def _death_facts(
         self, slot: Slot, pid: int, exitcode: int | None, kill: Kill | None
@@ -427,19 +406,6 @@ class Supervisor:
                 lost,
             )
 
-    def run_inline(self, task: Any) -> None:
-        """Degraded mode: the pool cannot serve, so the caller's process runs the task."""
-        from fastpool._runtime import _call
-
-        self.tel.count("inline")
-        try:
-            fn, args, kwargs = task.decode_call()
-            value = _call.run(fn, args, kwargs)
-        except BaseException as exc:  # noqa: BLE001 - reported on the future like any task error
-            self.disp.settle_inline(task, None, exc)
-        else:
-            self.disp.settle_inline(task, value, None)
-
     def _schedule_restart(self, slot: Slot, cause: Cause, detail: str) -> str:
         slot.pid = None
         action, at = slot.breaker.on_failure(time.monotonic(), f"{cause.value}: {detail}")
@@ -447,7 +413,10 @@ class Supervisor:
         self._add_timer(at, "restart", slot.id)
         wait = max(0.0, at - time.monotonic())
         if action == "open":
-            return f"its slot failed {slot.breaker.failures} times in a row, so it rests for {wait:.0f} s"
+            return (
+                f"its slot failed {slot.breaker.failures} times in a row, so it rests for "
+                f"{wait:.0f} s"
+            )
         return f"a replacement starts in {wait * 1000:.0f} ms"
 
     def _retire(self, slot: Slot) -> None:
@@ -585,7 +554,8 @@ class Supervisor:
             age_s=time.monotonic() - slot.spawned_at,
         )
         self.tel.crash(_verdict.record(death, cause, detail, None, None))
-        self.disp.requeue(self.disp.take_slot(slot.id))  # nothing is dispatched to a starting slot
+        # nothing is dispatched to a starting slot; whatever was goes back to the queue
+        self.disp.settle_death(slot.id, _requeue_all)
         restart = self._schedule_restart(slot, cause, detail)
         level, text = _verdict.sentence(death, cause, detail, None, None, restart)
         log.log(level, text)
@@ -641,7 +611,7 @@ class Supervisor:
                             self._add_timer(slot.breaker.retry_at, "restart", sid)
                         continue
                     self.tel.count("restarts")
-                    self.disp.set_circuit_open(False)
+                    self.disp.set_circuit(None)
                     self._spawn(slot, now)
                 elif what == "start-deadline":
                     if (
@@ -860,25 +830,20 @@ class Supervisor:
         return out
 
 
+def _requeue_all(tasks: list[Any]) -> list[tuple[Any, Fate, BaseException | None]]:
+    return [(t, Fate.REQUEUE, None) for t in tasks]
+
+
 def _task_facts(task: Any) -> _verdict.TaskFacts:
     return _verdict.TaskFacts(
         id=task.id,
         wire=task.wire,
         fn_name=task.fn_name,
-        args=_args_of(task),
+        args=task.describe_args(),  # facts from submit: a dead task's bytes never run here
         options=task.options,
         attempts=task.attempt,
         transferred=task.transferred,
     )
-
-
-def _args_of(task: Any) -> str:
-    """Argument shapes, decoded from the task's pickle only when a crash needs them."""
-    try:
-        _fn, args, kwargs = task.decode_call()
-    except Exception:  # noqa: BLE001
-        return "?"
-    return telemetry.summarise_args(args, kwargs)
 
 
 def _cgroup_limit(cg: dict | None) -> int | None:

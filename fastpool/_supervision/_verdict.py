@@ -111,8 +111,8 @@ def cause_of(death: Death, victim: TaskFacts | None) -> tuple[Cause, str]:
             return kill.cause, kill.detail
         if kill.wire is not None and victim is not None and victim.wire != kill.wire:
             return Cause.COLLATERAL, (
-                f"killed by fastpool to stop task {kill.wire >> 3} ({kill.cause.value}), which finished "
-                "just before; this task had just started"
+                f"killed by fastpool to stop task {kill.wire >> 3} ({kill.cause.value}), which "
+                "finished just before; this task had just started"
             )
         return kill.cause, kill.detail
     if death.exitcode == -signal.SIGKILL and death.oom_confirmed:
@@ -164,7 +164,7 @@ def exception_for(
         )
     exc: BaseException = errors.WorkerCrashed(death.slot, death.pid, death.exitcode, task.id, what)
     if result == "poison":
-        exc = errors.PoisonTask(death.slot, death.pid, death.exitcode, task.id, str(exc))
+        exc = errors.PoisonTask(death.slot, death.pid, death.exitcode, task.id, what)
     return exc
 
 
@@ -214,7 +214,9 @@ def sentence(
     WARNING for what fastpool did on purpose, ERROR for real crashes."""
     how = {
         Cause.CRASHED: f"died ({_exit_text(death.exitcode)})",
-        Cause.INIT: f"failed while starting ({_exit_text(death.exitcode)}{'; ' + detail if detail else ''})",
+        Cause.INIT: (
+            f"failed while starting ({_exit_text(death.exitcode)}{'; ' + detail if detail else ''})"
+        ),
         Cause.OOM_KILLER: "was killed by the kernel's OOM killer",
         Cause.CORRUPT: f"was killed because it damaged the pool's shared memory ({detail})",
         Cause.START_TIMEOUT: f"was killed because it did not start in time ({detail})",

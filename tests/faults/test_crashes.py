@@ -190,7 +190,7 @@ def test_queued_tasks_fail_with_circuit_open_and_inline_fallback_runs_them():
             queued.result(timeout=30)
         assert inline.result(timeout=30) == 4
         assert p.options(fallback="inline").submit(os.getpid).result(timeout=5) == os.getpid()
-        assert p.stats()["inline"] >= 2
+        assert p.stats()["calls_inline"] >= 2
     finally:
         p.shutdown()
 

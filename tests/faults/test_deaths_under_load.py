@@ -101,12 +101,14 @@ def test_death_with_unread_results_and_prefetched_tasks_runs_each_task_once(tmp_
             ]
             calls = _count_settles(futs)
             assert pool.stats()["workers"][0]["assigned"] == MAX_PREFETCH
-            completed = pool.stats()["completed"]
+            completed = pool.stats()["calls_completed"]
             opener.touch()
             wait_for(lambda: not running(pid), what=f"worker {pid} to die")
             wait_for(lambda: pool._sup._deaths, what="the supervisor to queue the death")
             assert appended_ids(log) == list(range(1, killer_at + 1))
-            assert pool.stats()["completed"] == completed  # none of their results was read yet
+            assert (
+                pool.stats()["calls_completed"] == completed
+            )  # none of their results was read yet
         finally:
             opener.touch()
             release.set()
@@ -123,7 +125,7 @@ def test_death_with_unread_results_and_prefetched_tasks_runs_each_task_once(tmp_
         assert sorted(ran) == list(range(1, n))  # the killer too: it appended before dying
         assert [i for i, c in ran.items() if c != 1] == []  # none ran twice
         stats = pool.stats()
-        assert (stats["crashed"], stats["retried"], stats["failed"]) == (1, 0, 1)
+        assert (stats["crashed"], stats["retried"], stats["calls_failed"]) == (1, 0, 1)
 
 
 def test_many_deaths_among_many_tasks_run_each_task_once(tmp_path):

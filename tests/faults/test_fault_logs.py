@@ -100,11 +100,13 @@ def test_stats_count_map_chunks_apart_from_calls():
         before = pool.stats()
         assert list(pool.map(double, range(100))) == [2 * i for i in range(100)]
         after = pool.stats()
-        assert after["submitted"] == before["submitted"] == 1  # the one call, not the map
-        assert after["completed"] == before["completed"] == 1
-        chunks = after["chunks"] - before["chunks"]
+        assert (
+            after["calls_submitted"] == before["calls_submitted"] == 1
+        )  # the one call, not the map
+        assert after["calls_completed"] == before["calls_completed"] == 1
+        chunks = after["chunks_submitted"] - before["chunks_submitted"]
         assert chunks > 1 and after["chunks_completed"] - before["chunks_completed"] == chunks
-        assert after["items"] - before["items"] == 100
+        assert after["items_completed"] - before["items_completed"] == 100
 
 
 def test_stats_count_a_chunk_whose_function_raised_as_failed():
@@ -112,7 +114,11 @@ def test_stats_count_a_chunk_whose_function_raised_as_failed():
         with pytest.raises(ValueError, match="item -1 is negative"):
             list(pool.map(double_non_negative, [1, 2, -1, 3], chunksize=2))
         stats = pool.stats()
-        assert (stats["submitted"], stats["failed"], stats["chunks"]) == (0, 0, 2)
+        assert (stats["calls_submitted"], stats["calls_failed"], stats["chunks_submitted"]) == (
+            0,
+            0,
+            2,
+        )
         assert (stats["chunks_completed"], stats["chunks_failed"]) == (
             1,
             1,

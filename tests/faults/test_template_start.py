@@ -178,7 +178,7 @@ _INHERITED_LOG = """
                 assert p.submit(_tasks.identity, big).result(timeout=60).sum() == big.sum()
             stats = p.stats()
         logging.getLogger("parent").info("after the pool")
-        print(stats["crashed"], stats["restarts"], stats["completed"])
+        print(stats["crashed"], stats["restarts"], stats["calls_completed"])
 """
 
 

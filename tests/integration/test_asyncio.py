@@ -79,7 +79,9 @@ def test_a_full_queue_parks_admission_without_blocking_the_loop(tmp_path: Path) 
             # a blocking submit would have held the loop until the queue drained,
             # which only the gate below allows
             assert not any(t.done() for t in parked)
-            assert pool.stats()["queued"] == 2 and pool.stats()["submitted"] == 1 + len(filler)
+            assert pool.stats()["queued"] == 2 and pool.stats()["calls_submitted"] == 1 + len(
+                filler
+            )
             open(gate, "w").close()
             assert await asyncio.gather(*parked) == [
                 200 + 2 * i for i in range(5)
@@ -97,7 +99,9 @@ def test_cancelling_the_awaiting_task_drops_a_queued_pool_task(tmp_path: Path) -
 
         async def main() -> None:
             task = asyncio.create_task(pool.asubmit(_tasks.touch, trace))
-            await until(lambda: pool.stats()["submitted"] == 2, "the second task to be submitted")
+            await until(
+                lambda: pool.stats()["calls_submitted"] == 2, "the second task to be submitted"
+            )
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -106,7 +110,7 @@ def test_cancelling_the_awaiting_task_drops_a_queued_pool_task(tmp_path: Path) -
         open(gate, "w").close()
         assert held.result(timeout=30) == "held"
         pool.drain()
-        assert pool.stats()["cancelled"] == 1
+        assert pool.stats()["calls_cancelled"] == 1
         assert not os.path.exists(trace)  # dropped, never run
 
 
@@ -126,7 +130,8 @@ def test_cancelling_the_awaiting_task_flags_a_running_pool_task(
     run(main())
     # the task saw fastpool.cancelled() and returned early: its future settles as cancelled
     wait_for(
-        lambda: pool.stats()["cancelled"] == 1, what=lambda: f"the cancel to settle: {pool.stats()}"
+        lambda: pool.stats()["calls_cancelled"] == 1,
+        what=lambda: f"the cancel to settle: {pool.stats()}",
     )
     assert sorted(pool.pids()) == pids  # no worker was killed
     assert pool.stats()["killed"] == 0
@@ -159,7 +164,9 @@ def test_a_pool_side_cancel_is_the_pools_cancelled_error(tmp_path: Path) -> None
 
         async def main() -> None:
             task = asyncio.create_task(pool.asubmit(_tasks.double, 1))
-            await until(lambda: pool.stats()["submitted"] == 2, "the second task to be submitted")
+            await until(
+                lambda: pool.stats()["calls_submitted"] == 2, "the second task to be submitted"
+            )
             futs = [t.future for t in pool._disp.tasks() if t.future is not held]
             assert len(futs) == 1
             assert pool.cancel(futs[0])  # someone else cancels the pool task
@@ -221,7 +228,7 @@ def test_inline_fallback_runs_off_the_loop_when_the_circuit_is_open() -> None:
             assert thread != threading.get_ident()  # ... but not on the event loop's thread
 
         run(main())
-        assert pool.stats()["inline"] == 1
+        assert pool.stats()["calls_inline"] == 1
 
 
 # ---- the Executor interface under asyncio --------------------------------------------------
@@ -320,13 +327,15 @@ def test_breaking_out_of_amap_cancels_the_chunks_not_run(
 
     run(main())
     stats = pool.stats()
-    assert stats["chunks"] <= window + 1  # the input is read lazily
-    assert stats["chunks_cancelled"] >= stats["chunks"] - 1 - pool.workers  # all but what runs
+    assert stats["chunks_submitted"] <= window + 1  # the input is read lazily
+    assert (
+        stats["chunks_cancelled"] >= stats["chunks_submitted"] - 1 - pool.workers
+    )  # all but what runs
     open(gate, "w").close()
     pool.drain()
     stats = pool.stats()
     assert stats["chunks_completed"] == 1  # the running ones were flagged and settle as cancelled
-    assert stats["chunks_cancelled"] == stats["chunks"] - 1
+    assert stats["chunks_cancelled"] == stats["chunks_submitted"] - 1
 
 
 def test_cancelling_an_amap_consumer_with_force_kills_its_running_chunks(
@@ -385,7 +394,7 @@ def test_amap_rejects_bad_arguments_at_once(pool: fastpool.Pool) -> None:
         pool.amap(_tasks.add)
     with pytest.raises(ValueError, match="chunksize"):
         pool.amap(_tasks.double, range(3), chunksize=0)
-    assert pool.stats()["chunks"] == 0
+    assert pool.stats()["chunks_submitted"] == 0
 
 
 def test_the_driver_thread_runs_while_futures_are_pending_and_then_exits(tmp_path: Path) -> None:

@@ -57,13 +57,13 @@ def fill_queue(pool: fastpool.Pool, gate: Path, n: int) -> list:
 
 def test_an_unpicklable_argument_fails_submit_and_nothing_else(pool: fastpool.Pool) -> None:
     pids = ready(pool)
-    submitted = pool.stats()["submitted"]
+    submitted = pool.stats()["calls_submitted"]
     with pytest.raises(fastpool.SerializationError, match=r"argument 1 \(lock\)") as info:
         pool.submit(_tasks.add, 1, threading.Lock())
     assert isinstance(info.value, pickle.PicklingError)
     with pytest.raises(fastpool.SerializationError, match="keyword argument 'x'"):
         pool.submit(_tasks.identity, x=threading.Lock())
-    assert pool.stats()["submitted"] == submitted  # nothing was accepted
+    assert pool.stats()["calls_submitted"] == submitted  # nothing was accepted
     assert_unharmed(pool, pids)
 
 

@@ -83,7 +83,7 @@ def test_pool_cancel_of_a_prefetched_task_never_runs_it(pool, tmp_path, force):
     assert not side.exists()  # it never ran
     assert pool.pids() == [held.pid]  # not started, so nothing was killed, even with force
     stats = pool.stats()
-    assert (stats["cancelled"], stats["killed"], stats["crashed"]) == (1, 0, 0)
+    assert (stats["calls_cancelled"], stats["killed"], stats["crashed"]) == (1, 0, 0)
 
 
 def test_pool_cancel_of_a_prefetched_task_cancels_its_future_at_once(pool, tmp_path):
@@ -167,7 +167,12 @@ def test_cooperative_cancel_ends_as_a_cancelled_future(pool, tmp_path):
     assert callbacks == [fut]
     assert pool.pids() == [pid]
     stats = pool.stats()
-    assert (stats["cancelled"], stats["completed"], stats["killed"], stats["crashed"]) == (
+    assert (
+        stats["calls_cancelled"],
+        stats["calls_completed"],
+        stats["killed"],
+        stats["crashed"],
+    ) == (
         1,
         0,
         0,
@@ -185,7 +190,7 @@ def test_force_cancel_of_a_running_task_is_a_kill_not_a_crash(pool, tmp_path, ca
         assert held.gate.cancelled()
         _after_the_worker_passed(pool)
     stats = pool.stats()
-    assert (stats["killed"], stats["crashed"], stats["cancelled"]) == (1, 0, 1)
+    assert (stats["killed"], stats["crashed"], stats["calls_cancelled"]) == (1, 0, 1)
     assert stats["crashes"][-1]["cause"] == "cancelled"
     assert held.pid not in pool.pids()
     mine = [r for r in caplog.records if r.name == "fastpool"]

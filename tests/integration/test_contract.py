@@ -203,7 +203,7 @@ def test_closing_a_map_early_cancels_the_chunks_not_yet_run(pool: fastpool.Pool)
     assert next(results) == 0
     results.close()  # a generator's close(), as Executor.map returns; the docstring promises it
     pool.drain()
-    ran = pool.stats()["completed"] - before["completed"]
+    ran = pool.stats()["calls_completed"] - before["calls_completed"]
     window = 2 * pool.workers + 2
     assert ran <= window + 1, f"{ran} of 20 chunks ran after the map was closed"
 
@@ -247,8 +247,8 @@ def test_stats_count_submitted_completed_and_failed(pool: fastpool.Pool) -> None
     assert [f.result(timeout=RESULT_S) for f in ok] == [2 * i for i in range(30)]
     assert isinstance(bad.exception(timeout=RESULT_S), ValueError)
     after = pool.stats()
-    assert after["submitted"] - before["submitted"] == 31
-    assert after["completed"] - before["completed"] == 30
-    assert after["failed"] - before["failed"] == 1
+    assert after["calls_submitted"] - before["calls_submitted"] == 31
+    assert after["calls_completed"] - before["calls_completed"] == 30
+    assert after["calls_failed"] - before["calls_failed"] == 1
     assert after["queued"] == 0 and after["inflight"] == 0
     assert after["closed"] is False

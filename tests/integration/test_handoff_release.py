@@ -63,7 +63,7 @@ def test_a_cooperatively_cancelled_task_returning_an_array_releases_its_block(po
     with pytest.raises(CancelledError):
         fut.result(timeout=30)
     _back_to(pool, baseline)
-    assert pool.stats()["cancelled"] == 1
+    assert pool.stats()["calls_cancelled"] == 1
 
 
 def test_a_reply_for_an_unknown_task_releases_its_block(pool):

@@ -154,7 +154,7 @@ def test_without_tqdm_progress_names_the_extra_and_submits_nothing(
         pool.map(_tasks.double, range(N), progress=True)
     with pytest.raises(ImportError, match=r"fastpool\[progress\]"):
         fastpool.progress([])
-    assert pool.stats()["chunks"] == 0
+    assert pool.stats()["chunks_submitted"] == 0
 
 
 def test_rich_is_opt_in(pool: fastpool.Pool, capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +166,7 @@ def test_rich_is_opt_in(pool: fastpool.Pool, capsys: pytest.CaptureFixture[str])
 def test_a_bad_progress_value_is_a_type_error_before_anything_runs(pool: fastpool.Pool) -> None:
     with pytest.raises(TypeError, match="progress must be"):
         pool.map(_tasks.double, range(N), progress="bar")
-    assert pool.stats()["chunks"] == 0
+    assert pool.stats()["chunks_submitted"] == 0
 
 
 def test_progress_over_futures_counts_them_as_they_finish(
@@ -180,7 +180,7 @@ def test_progress_over_futures_counts_them_as_they_finish(
     assert list(wrapped) == futures  # the same futures, the same order
     # all but the gated one finish (and those prefetched behind it on its worker)
     wait_for(
-        lambda: rec.done >= 3 and rec.done == pool.stats()["completed"],
+        lambda: rec.done >= 3 and rec.done == pool.stats()["calls_completed"],
         what=lambda: f"finished futures counted: {rec.calls}, stats {pool.stats()}",
     )
     assert rec.calls[-1][1] == 6 and not futures[0].done()

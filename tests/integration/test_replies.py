@@ -15,7 +15,7 @@ def test_reply_with_an_unknown_task_id_is_dropped_and_nothing_breaks():
         wait_for(lambda: p.stats()["unknown_replies"] == 1, 10, "the stale reply to be counted")
         futs = [p.submit(_tasks.double, i) for i in range(20)]
         assert [f.result(timeout=30) for f in futs] == [2 * i for i in range(20)]
-        assert p.stats()["crashed"] == 0 and p.stats()["completed"] == 22
+        assert p.stats()["crashed"] == 0 and p.stats()["calls_completed"] == 22
         assert p.stats()["unknown_replies"] == 1
 
 

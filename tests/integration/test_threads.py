@@ -110,8 +110,13 @@ def test_threads_submitting_mapping_cancelling_and_reading_stats_at_once():
 
         s = pool.stats()
         assert (s["inflight"], s["queued"]) == (0, 0)
-        assert s["submitted"] == len(out)
-        assert s["submitted"] == s["completed"] + s["cancelled"] + s["failed"]
-        assert s["cancelled"] == cancelled
-        assert s["chunks"] == s["chunks_completed"] + s["chunks_cancelled"] + s["chunks_failed"]
-        assert s["chunks_cancelled"] == 0 and s["failed"] == 0
+        assert s["calls_submitted"] == len(out)
+        assert (
+            s["calls_submitted"] == s["calls_completed"] + s["calls_cancelled"] + s["calls_failed"]
+        )
+        assert s["calls_cancelled"] == cancelled
+        assert (
+            s["chunks_submitted"]
+            == s["chunks_completed"] + s["chunks_cancelled"] + s["chunks_failed"]
+        )
+        assert s["chunks_cancelled"] == 0 and s["calls_failed"] == 0

@@ -179,7 +179,7 @@ def test_a_request_that_cannot_fit_fails_before_any_work_and_says_what_is_free()
         assert isinstance(info.value, MemoryError)
         with pytest.raises(fastpool.SharedMemoryError):
             p.submit(_arrays.total, np.ones(8 << 20))  # 64 MiB plain array: no room to copy it into
-        assert p.stats()["submitted"] == 0
+        assert p.stats()["calls_submitted"] == 0
         assert p.submit(_arrays.total, p.zeros(1000) + 1).result(timeout=RESULT_S) == 1000.0
 
 

@@ -28,10 +28,10 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 def _in_pool(fit):
     """fit() under the backend with n_jobs=2, and how many batches the pool ran for it."""
     pool = fastpool.joblib.get_pool(2)
-    before = pool.stats()["submitted"]
+    before = pool.stats()["calls_submitted"]
     with parallel_config(backend="fastpool"):
         out = fit()
-    assert pool.stats()["submitted"] > before, "nothing ran in the fastpool pool"
+    assert pool.stats()["calls_submitted"] > before, "nothing ran in the fastpool pool"
     return out
 
 

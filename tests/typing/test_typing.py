@@ -28,8 +28,8 @@ COMPILED = [
     "fastpool._native._arena",
     "fastpool._native._ndarray",
     "fastpool._runtime._task",
+    "fastpool._runtime._slots",
     "fastpool._runtime._dispatch",
-    "fastpool._runtime._control",
     "fastpool._runtime._serve",
 ]
 _EXPECTED = re.compile(r"#\s*E:\s*([a-z-]+(?:,\s*[a-z-]+)*)\s*$")

@@ -102,7 +102,7 @@ def main() -> None:
         print(asyncio.run(serve(pool, data)))
         pool.cancel(fut)
         stats: dict[str, Any] = pool.stats()
-        print(stats["completed"])
+        print(stats["calls_completed"])
 
 
 if __name__ == "__main__":

@@ -109,7 +109,6 @@ COMPILED_LAYERS = [
     "fastpool._runtime._task",
     "fastpool._runtime._slots",
     "fastpool._runtime._dispatch",
-    "fastpool._runtime._control",
     "fastpool._runtime._serve",
 ]
 SHARED_MEMORY_LAYER = frozenset(m for m in COMPILED_LAYERS if m.startswith("fastpool._native."))
@@ -136,7 +135,6 @@ MACHINERY = frozenset(
         "fastpool._native._arena",
         "fastpool._runtime._task",
         "fastpool._runtime._dispatch",
-        "fastpool._runtime._control",
         "fastpool._runtime._slots",
         "fastpool._runtime._serve",
         "fastpool._runtime._codec",
@@ -154,8 +152,8 @@ PARENT = (
     "fastpool.pool",
     "fastpool._supervision._supervisor",
     "fastpool._runtime._task",
+    "fastpool._runtime._slots",
     "fastpool._runtime._dispatch",
-    "fastpool._runtime._control",
     "fastpool._runtime._slots",
     "fastpool.telemetry",
 )
@@ -451,7 +449,6 @@ def test_imports_point_down_the_layers(path: Path) -> None:
 def test_the_rules_name_real_modules_or_planned_ones() -> None:
     planned = {
         "fastpool._runtime._slots",
-        "fastpool._runtime._control",
         "fastpool._runtime._arrays",
         "fastpool._runtime._events",
     }
