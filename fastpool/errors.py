@@ -348,14 +348,16 @@ def _make_broken_family() -> dict[str, type]:
             peak = self.peak_rss_bytes if self.peak_rss_bytes is not None else self.rss_bytes
             if self.reason == "oom-killer":
                 msg = (
-                    f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed "
-                    f"by the kernel's OOM killer (its cgroup's limit: {_size(limit)}); the worker owned "
+                    f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} "
+                    "was killed by the kernel's OOM killer "
+                    f"(its cgroup's limit: {_size(limit)}); the worker owned "
                     f"{_size(peak)} at its largest sample"
                 )
             else:
                 msg = (
-                    f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} was killed by "
-                    f"fastpool: it owned {_size(peak, limit)}, over memory_limit {_size(limit, peak)}"
+                    f"worker {self.worker_id} (pid {self.pid}) running task {self.task_id} "
+                    f"was killed by fastpool: it owned {_size(peak, limit)}, "
+                    f"over memory_limit {_size(limit, peak)}"
                 )
             return msg + (f"; {self.detail}" if self.detail else "")
 
@@ -402,7 +404,8 @@ class RegionCorrupt(SegmentCorrupt):
     def __str__(self) -> str:
         who = "the parent" if self.region == 0 else f"worker slot {self.slot}"
         return (
-            f"shared arena region {self.region} ({who}) is corrupt at +{self.offset}: {self.detail}; a task "
-            "wrote over the arena's block headers (every worker maps them), so that region's blocks can no "
+            f"shared arena region {self.region} ({who}) is corrupt at +{self.offset}: "
+            f"{self.detail}; a task wrote over the arena's block headers (every worker maps "
+            "them), so that region's blocks can no "
             "longer be walked"
         )

@@ -1,4 +1,5 @@
-"""Type stubs for the compiled board (fastpool/_native/_core.pyx): type checkers cannot see into the .so.
+"""Type stubs for the compiled board (fastpool/_native/_core.pyx): type checkers cannot
+see into the .so.
 
 Only the Python-visible surface; the cdef methods (push_task, peek_result, ...)
 are reached from other extensions through _core.pxd.  tests/typing/test_stubs.py

@@ -1,4 +1,5 @@
-"""Worker memory: what a worker owns, sampled from /proc, and evidence for blaming a SIGKILL on the OOM killer.
+"""Worker memory: what a worker owns, sampled from /proc, and evidence for blaming a
+SIGKILL on the OOM killer.
 
 What a worker owns
 ------------------
@@ -110,7 +111,8 @@ class ProcessMemory:
 
     @property
     def owned_bytes(self) -> int:
-        """RSS less the shared memory mapped: what ``memory_limit`` and ``leak_threshold`` compare."""
+        """RSS less the shared memory mapped: what ``memory_limit`` and ``leak_threshold``
+        compare."""
         return self.rss_bytes - (self.shmem_bytes or 0)
 
 
@@ -123,7 +125,8 @@ _STATUS_KEYS = {
 
 
 def parse_status(text: str | bytes) -> ProcessMemory | None:
-    """The memory lines of a ``/proc/<pid>/status`` text; None without VmRSS (a zombie, a kernel thread)."""
+    """The memory lines of a ``/proc/<pid>/status`` text; None without VmRSS (a zombie, a
+    kernel thread)."""
     data = text.encode() if isinstance(text, str) else text
     found: dict[str, int] = {}
     for line in data.splitlines():
@@ -241,7 +244,8 @@ def limit_hit_count(cg: dict[str, Path | None]) -> int | None:
 
 
 def system_oom_kill_count(root: _sizing.StrPath = "/") -> int | None:
-    """OOM kills on the whole machine since boot (``/proc/vmstat`` ``oom_kill``); None if unreadable.
+    """OOM kills on the whole machine since boot (``/proc/vmstat`` ``oom_kill``); None if
+    unreadable.
 
     Weaker evidence than the cgroup counter: another process's kill raises it too.
     """
@@ -249,7 +253,8 @@ def system_oom_kill_count(root: _sizing.StrPath = "/") -> int | None:
 
 
 def oom_baseline(before: int | None, previous: int | None, count: int | None) -> int | None:
-    """The OOM-kill count a later SIGKILL is judged against, given a new reading made while the worker lived.
+    """The OOM-kill count a later SIGKILL is judged against, given a new reading made while
+    the worker lived.
 
     ``before`` is the baseline so far, ``previous`` the reading one tick earlier,
     ``count`` this tick's. A reading replaces the baseline only when it repeats
@@ -308,7 +313,8 @@ def judge_sigkill(
             return (
                 False,
                 f"the {scope} OOM-kill counter stayed at {before_count}, so the SIGKILL came from "
-                f"outside (a user, a job scheduler, a container runtime), not the OOM killer; {rss}",
+                "outside (a user, a job scheduler, a container runtime), not the OOM killer; "
+                f"{rss}",
             )
         return (
             False,
@@ -424,7 +430,8 @@ class WorkerMemory:
 
 
 def leaked(baseline: int | None, current: int | None, threshold: int) -> bool:
-    """Whether owned memory grew by more than ``threshold`` bytes over ``baseline``; False if either is unknown.
+    """Whether owned memory grew by more than ``threshold`` bytes over ``baseline``; False if
+    either is unknown.
 
     The caller should measure ``current`` between tasks (and, if it can, after
     a ``gc.collect()`` in the worker), or one big task's working set reads as a leak.

@@ -161,7 +161,8 @@ def alive(pid: int) -> bool:
 
 
 def shared_mappings(pids: list[int]) -> tuple[set[str], int]:
-    """(files under /dev/shm that any of ``pids`` maps, how many of ``pids`` map the board's memfd)."""
+    """(files under /dev/shm that any of ``pids`` maps, how many of ``pids`` map the
+    board's memfd)."""
     shm: set[str] = set()
     with_memfd = 0
     for pid in pids:

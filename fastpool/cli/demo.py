@@ -149,7 +149,8 @@ def small_tasks(
         )
     rt = statistics.median(mp_lat) / statistics.median(fp_lat)
     say(
-        f"   -> round trip: fastpool {_faster(rt)} at the median, {_faster(p99(mp_lat) / p99(fp_lat))} at p99"
+        f"   -> round trip: fastpool {_faster(rt)} at the median, "
+        f"{_faster(p99(mp_lat) / p99(fp_lat))} at p99"
     )
     want = [i * i for i in range(SUBMITS)]
     mp_s, mp_got = _timed(
@@ -222,8 +223,9 @@ def array_job(
     )
     outputs.clear()
     say(
-        f"   -> shared arrays: {_faster(mp_s / sh_s, 'than multiprocessing.Pool')}, +{sh_mb:,.0f} MiB "
-        f"of memory instead of +{mp_mb:,.0f} MiB; {_faster(serial_s / sh_s, 'than the compute alone on one core')}"
+        f"   -> shared arrays: {_faster(mp_s / sh_s, 'than multiprocessing.Pool')}, "
+        f"+{sh_mb:,.0f} MiB of memory instead of +{mp_mb:,.0f} MiB; "
+        f"{_faster(serial_s / sh_s, 'than the compute alone on one core')}"
     )
     summary.append(
         f"{ARRAY_MIB} MiB array job         {_faster(mp_s / sh_s)} with shared arrays, "
@@ -318,7 +320,8 @@ def supervision(
         after = pool.submit(process_batch, batches[7]).result(timeout=RESULT_WAIT_S)
         stats = pool.stats()
         say(
-            f"   workers before {before}, after {sorted(pool.pids())}; restarts {stats['restarts']}, "
+            f"   workers before {before}, after {sorted(pool.pids())}; "
+            f"restarts {stats['restarts']}, "
             f"crash records {len(stats['crashes'])} (pool.stats()['crashes'])"
         )
         check(
@@ -346,7 +349,8 @@ def mp_crash(say: Callable[..., None], workers: int, summary: list[str]) -> None
                 "(the pool replaced the worker and lost the task)"
             )
             summary.append(
-                f"multiprocessing.Pool       the same SIGKILL: no error, no result after {waited:.1f} s"
+                "multiprocessing.Pool       the same SIGKILL: no error, "
+                f"no result after {waited:.1f} s"
             )
         say(f"   die_by_sigkill()    -> {text}")
     finally:
@@ -418,7 +422,8 @@ def run_demo(workers: int | None = None, out: TextIO = sys.stdout) -> int:
         logging.getLogger("fastpool").propagate = True
     say()
     say(
-        f"Summary: fastpool.Pool against multiprocessing.Pool, {workers} workers each, measured above"
+        "Summary: fastpool.Pool against multiprocessing.Pool, "
+        f"{workers} workers each, measured above"
     )
     for line in summary:
         say(f"   {line}")
