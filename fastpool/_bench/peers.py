@@ -413,7 +413,8 @@ def close_peer(peer: Peer, before: set[int]) -> None:
     closer.join(CLOSE_TIMEOUT_S)
     if closer.is_alive():
         warnings.warn(
-            f"{peer.name}: shutdown did not return within {CLOSE_TIMEOUT_S:.0f} s; killing its workers",
+            f"{peer.name}: shutdown did not return within {CLOSE_TIMEOUT_S:.0f} s; "
+            "killing its workers",
             stacklevel=2,
         )
         for proc in spawned:

@@ -172,7 +172,8 @@ def unstable(results: list[Result]) -> list[str]:
     return [
         f"WARNING: {len(bad)} of {len(best_rows(results))} figures are unstable: the standard "
         f"deviation of their rounds exceeds {100 * UNSTABLE_SPREAD:.0f}% of the median (marked ! "
-        f"in the ± column; worst: {worst.group} / {worst.label}, {100 * (worst.spread or 0):.0f}%). "
+        f"in the ± column; worst: {worst.group} / {worst.label}, "
+        f"{100 * (worst.spread or 0):.0f}%). "
         "Something else is using the CPUs, or the rounds are too few: close other programs, run "
         "again, or run without --quick; compare ratios rather than times."
     ]
@@ -262,7 +263,8 @@ def compare(
         )
     if better:
         lines.append(
-            f"SOME BENCHMARKS GOT FASTER: {better} row(s) marked - (ratio < {1 / CHANGE_FACTOR:.2f})."
+            f"SOME BENCHMARKS GOT FASTER: {better} row(s) marked - "
+            f"(ratio < {1 / CHANGE_FACTOR:.2f})."
         )
     if noisy:
         lines.append(

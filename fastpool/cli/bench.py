@@ -201,6 +201,9 @@ def _standard(
     busy = _env.busy_warning()
     if busy:
         print(busy, file=sys.stderr)
+    uncompiled = _env.bytecode_warning()
+    if uncompiled:
+        print(uncompiled, file=sys.stderr)
     t0 = time.perf_counter()
     progress = Progress(enabled=not args.no_progress)
     try:
@@ -221,7 +224,7 @@ def _standard(
         print(f"\nnot run: {name}: {why}")
     if args.quick:
         print("\n--quick: fewer rounds, no 256 MiB rows; run without it for the full set.")
-    for line in report.unstable(results) + ([busy] if busy else []):
+    for line in report.unstable(results) + [w for w in (busy, uncompiled) if w]:
         print("\n" + line)
     failed = report.failures(results)
     for line in failed:
