@@ -375,3 +375,17 @@ def test_the_table_shows_the_spread_of_the_per_process_medians() -> None:
     }
     assert "| 3.00 µs / 3.00 µs / 150 µs (3) |" in rows["**fastpool**"]
     assert "(1)" not in rows["mp.Pool"]  # one process: no spread to show
+
+
+def test_the_bench_warns_when_fresh_processes_would_compile_fastpool(monkeypatch) -> None:
+    import importlib.util
+    import sys
+
+    from fastpool._bench import env
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(importlib.util, "cache_from_source", lambda src: src + ".absent.pyc")
+    warning = env.bytecode_warning()
+    assert warning is not None and "compileall" in warning and "__init__.py" in warning
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert env.bytecode_warning() is None  # a fresh process writes its own .pyc
