@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="fewer rounds and sizes (no 256 MiB rows): under 30 s on two cores",
+        help="fewer rounds and sizes (no 256 MiB rows), 3 processes per peer: under a minute "
+        "on two cores",
     )
     p.add_argument(
         "--peers",
