@@ -73,24 +73,92 @@ static inline int fp_futex_wake(fp_a32 *word, int n)
  * thread it waits for shares its core (likely on two cores: a pool's parent and
  * a worker), the yield hands that thread the core at once; without it each hop
  * waited for a time slice to end (measured here: ~40 us round trips instead
- * of ~3 us, or ~15 us when parent and worker share a core). */
+ * of ~3 us, or ~15 us when parent and worker share a core).
+ *
+ * The yield does not always hand the core over: on a busy host (measured on a
+ * 2-vCPU VM under load 7, kernel 6.18) a parent and a worker placed on the same
+ * vCPU each spun their whole budget before parking, 80 + 60 us per hop, in
+ * about half of the fresh-process rounds.  So the spin adapts, per thread: a
+ * spin that ends in a park was wasted and halves this thread's cap (down to no
+ * spin at all); a spin that finds its data within the cap keeps it or widens it
+ * to twice what it took.  A thread that stopped spinning probes with a short
+ * spin every FP_SPIN_PROBE_EVERY waits, so it spins again once the waits get
+ * short again (the other side moved to another core, a burst of small tasks).
+ * Both spin loops (fp_ringv_wait_data, fp_boardv_wait_results) go to
+ * fp_event_prepare when their spin ends without data: that is the miss signal. */
+#define FP_SPIN_FREE INT64_MAX        /* cap: the caller's budget decides */
+#define FP_SPIN_MIN_NS 2000           /* a cap below this is no spin */
+#define FP_SPIN_WIDE_NS 200000        /* a cap above this is the caller's budget */
+#define FP_SPIN_PROBE_NS 10000
+#define FP_SPIN_PROBE_EVERY 16u
+#define FP_SPIN_MISS_WINDOW_NS 20000  /* a park this soon after a spin step ends that spin */
+
 typedef struct {
     int64_t start, now;
+    int64_t cap; /* this spin's limit */
     unsigned steps;
 } fp_spin_t;
 
+typedef struct {
+    int64_t cap;       /* this thread's learned limit; FP_SPIN_FREE at first */
+    int64_t start;     /* of the spin in progress */
+    int64_t last;      /* the clock at its last read */
+    unsigned active;   /* a spin began and has not parked yet */
+    unsigned stepped;  /* ...and it stepped at least once */
+    unsigned since_probe;
+} fp_spin_state_t;
+
+static _Thread_local fp_spin_state_t fp_spin_state = {FP_SPIN_FREE, 0, 0, 0, 0, 0};
+
+static inline void fp_spin_learn(fp_spin_state_t *t, int hit)
+{
+    int64_t took = t->last - t->start;
+    if (!t->stepped)
+        return; /* the data was there at once: says nothing about spinning */
+    if (hit) {
+        int64_t want = 2 * took + FP_SPIN_MIN_NS;
+        if (t->cap != FP_SPIN_FREE && want > t->cap)
+            t->cap = want > FP_SPIN_WIDE_NS ? FP_SPIN_FREE : want;
+        t->since_probe = 0;
+    } else {
+        int64_t half = (t->cap == FP_SPIN_FREE ? took : t->cap) / 2;
+        t->cap = half < FP_SPIN_MIN_NS ? 0 : half;
+    }
+}
+
 static inline void fp_spin_init(fp_spin_t *s)
 {
+    fp_spin_state_t *t = &fp_spin_state;
     s->start = s->now = fp_now_ns();
     s->steps = 0;
+    if (t->active)
+        fp_spin_learn(t, 1); /* the last spin returned without parking */
+    t->active = 1;
+    t->stepped = 0;
+    t->start = t->last = s->start;
+    s->cap = t->cap;
+    if (s->cap == 0 && ++t->since_probe >= FP_SPIN_PROBE_EVERY) {
+        t->since_probe = 0;
+        s->cap = FP_SPIN_PROBE_NS;
+    }
 }
+
+/* Ends the caller's spin loop (while (now - start < spin_ns)) at once. */
+static inline void fp_spin_stop(fp_spin_t *s) { s->now = s->start + (INT64_MAX / 2); }
 
 static inline void fp_spin_step(fp_spin_t *s)
 {
+    fp_spin_state.stepped = 1;
+    if (s->cap == 0) { /* fp_spin_state.last is still the clock read at init */
+        fp_spin_stop(s);
+        return;
+    }
     fp_cpu_relax();
     if ((++s->steps & 63u) == 0) {
         sched_yield();
-        s->now = fp_now_ns();
+        s->now = fp_spin_state.last = fp_now_ns();
+        if (s->now - s->start >= s->cap)
+            fp_spin_stop(s);
     }
 }
 
@@ -102,6 +170,15 @@ typedef struct {
 /* Consumer, step 1: register, and take the key to sleep on. */
 static inline uint32_t fp_event_prepare(fp_event_t *e)
 {
+    fp_spin_state_t *t = &fp_spin_state;
+    if (t->active) {
+        /* Just after a spin's last step: that spin ended without its data, wasted.
+         * Later (a wait for ring space after a spin that found its task) it says
+         * nothing either way. */
+        t->active = 0;
+        if (t->stepped && fp_now_ns() - t->last < FP_SPIN_MISS_WINDOW_NS)
+            fp_spin_learn(t, 0);
+    }
     fp_add32_seqcst(&e->waiters, 1);
     return fp_load32_seqcst(&e->seq);
 }

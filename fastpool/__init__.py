@@ -34,9 +34,6 @@ except ImportError as exc:  # depends on how it was installed and where Python r
 
 else:
     from fastpool import errors as _errors
-    from fastpool._runtime._arrays import transfer
-    from fastpool._runtime._call import TaskFunction, cancelled
-    from fastpool._runtime._template import shutdown_template
     from fastpool.errors import (
         CircuitOpen,
         DetachedBufferError,
@@ -58,9 +55,16 @@ else:
     # script pays it at its first `fastpool.Pool`, and a spawned worker template,
     # which imports this package too, only if the script names the pool at its top
     # level. The BrokenPool family is made by fastpool.errors when first named (its
-    # stdlib base imports multiprocessing). Thread-safe: the import system
-    # serialises the first import, and every thread stores the same object.
+    # stdlib base imports multiprocessing). The call, codec and template modules
+    # (TaskFunction, cancelled, transfer, shutdown_template) come with the first pool
+    # too: a third of the package's own import time, paid once whichever is named
+    # first (issue 16, section 4). Thread-safe: the import system serialises the
+    # first import, and every thread stores the same object.
     _LAZY: dict[str, str] = {
+        "TaskFunction": "fastpool._runtime._call",
+        "cancelled": "fastpool._runtime._call",
+        "transfer": "fastpool._runtime._arrays",
+        "shutdown_template": "fastpool._runtime._template",
         "pool": "fastpool.pool",
         "Pool": "fastpool.pool",
         "PoolOptions": "fastpool.pool",
@@ -72,6 +76,9 @@ else:
     if _typing.TYPE_CHECKING:
         from fastpool import pool  # noqa: F401 (a lazy name, see _LAZY)
         from fastpool._integrations._progress import progress
+        from fastpool._runtime._arrays import transfer
+        from fastpool._runtime._call import TaskFunction, cancelled
+        from fastpool._runtime._template import shutdown_template
         from fastpool.errors import (
             BrokenPool,
             InitializerError,

@@ -10,6 +10,7 @@ import contextlib
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,34 @@ def busy_warning(usable: int | None = None) -> str | None:
     )
 
 
+def bytecode_warning() -> str | None:
+    """A sentence when a fresh interpreter would compile fastpool's modules from source
+    (no up-to-date .pyc, and PYTHONDONTWRITEBYTECODE keeps it from writing one): the
+    start and import rows then time the compiler, ~50 ms measured here."""
+    import importlib.util
+
+    import fastpool
+
+    if not sys.dont_write_bytecode:
+        return None
+    stale = []
+    for name in ("__init__.py", "pool.py", "errors.py"):
+        src = os.path.join(os.path.dirname(fastpool.__file__), name)
+        pyc = importlib.util.cache_from_source(src)
+        try:
+            if os.path.getmtime(pyc) < os.path.getmtime(src):
+                stale.append(name)
+        except OSError:
+            stale.append(name)
+    if not stale:
+        return None
+    return (
+        "WARNING: PYTHONDONTWRITEBYTECODE is set and fastpool has no up-to-date bytecode "
+        f"({', '.join(stale)}): every fresh process compiles it, and the start and import "
+        "rows include that. Run `python -m compileall fastpool` in its folder first."
+    )
+
+
 def environment() -> dict[str, Any]:
     """The bench footer's facts: CPUs and quota, kernel, Python, NumPy, BLAS, fastpool."""
     import fastpool
@@ -148,6 +177,7 @@ def footer(env: dict[str, Any]) -> str:
         f"_{env.get('cpu_model') or 'unknown CPU'}: {env.get('cpu_count')} CPUs, "
         f"{env.get('affinity_cpus')} in this process's affinity, {quota_text}, "
         f"{env.get('usable_cpus')} usable; {env.get('kernel')} {env.get('machine')}; "
-        f"{env.get('python')}; NumPy {env.get('numpy')}; BLAS {blas_summary(env.get('blas') or [])}; "
+        f"{env.get('python')}; NumPy {env.get('numpy')}; "
+        f"BLAS {blas_summary(env.get('blas') or [])}; "
         f"fastpool {env.get('fastpool')}{commit}._"
     )

@@ -413,7 +413,8 @@ def close_peer(peer: Peer, before: set[int]) -> None:
     closer.join(CLOSE_TIMEOUT_S)
     if closer.is_alive():
         warnings.warn(
-            f"{peer.name}: shutdown did not return within {CLOSE_TIMEOUT_S:.0f} s; killing its workers",
+            f"{peer.name}: shutdown did not return within {CLOSE_TIMEOUT_S:.0f} s; "
+            "killing its workers",
             stacklevel=2,
         )
         for proc in spawned:
@@ -481,6 +482,39 @@ def fresh_process_first_result_s(name: str, workers: int = DEFAULT_WORKERS) -> f
         "print(peers.first_result_s(sys.argv[1], int(sys.argv[2])))"
     )
     return _fresh_python(code, name, str(workers))
+
+
+def burst_s(name: str, workers: int, tasks: int, seconds: float) -> float:
+    """Seconds from constructing peer ``name`` (``workers`` of them) to the last result of
+    ``tasks`` sleeps of ``seconds`` submitted at once: start plus ramp (shutdown not counted)."""
+    cls = ALL_PEERS[name]
+    t0 = time.perf_counter()
+    peer = cls(workers)
+    try:
+        futures = [peer.submit(_tasks.warm, seconds) for _ in range(tasks)]
+        for f in futures:
+            f.result(timeout=WARM_TIMEOUT_S + tasks * seconds)
+        return time.perf_counter() - t0
+    finally:
+        peer.close()
+
+
+def fresh_process_burst_s(name: str, workers: int, tasks: int, seconds: float) -> float:
+    """burst_s in a new interpreter that has imported numpy: a cold pool's start and ramp."""
+    code = (
+        "import sys, numpy; from fastpool._bench import peers; "
+        "print(peers.burst_s(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))"
+    )
+    return _fresh_python(code, name, str(workers), str(tasks), str(seconds))
+
+
+def import_after_numpy_s() -> float:
+    """Seconds of ``import fastpool`` in a new interpreter that has imported numpy."""
+    code = (
+        "import time, numpy; t0 = time.perf_counter(); import fastpool; "
+        "print(time.perf_counter() - t0)"
+    )
+    return _fresh_python(code)
 
 
 def spawn_reference_s() -> float:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections import OrderedDict
 from typing import Any
@@ -81,6 +82,15 @@ def fmt_spread(spread: float | None) -> str:
     return f"{100 * spread:.0f}%" + (" !" if spread > UNSTABLE_SPREAD else "")
 
 
+def fmt_processes(result: Result) -> str:
+    """min / median / max of the per-process medians, and how many processes."""
+    medians = sorted(result.extra.get("process_medians") or [])
+    if len(medians) < 2:
+        return ""
+    mid = statistics.median(medians)
+    return f"{fmt_time(medians[0])} / {fmt_time(mid)} / {fmt_time(medians[-1])} ({len(medians)})"
+
+
 def fmt_rate(value: float, unit: str) -> str:
     if unit == "GB/s":
         return f"{value:.2f} GB/s" if value >= 0.1 else f"{value:.3f} GB/s"
@@ -92,13 +102,14 @@ def table(results: list[Result]) -> str:
     rows = best_rows(results)
     ratio = ratios(results)
     has_memory = any("delta_mb" in r.extra for r in rows)
-    head = ["scenario", "peer", "setting", "median", "±", "p99", "throughput", "x mp.Pool"]
+    head = ["scenario", "peer", "setting", "median", "±", "processes: min / median / max (n)"]
+    head += ["p99", "throughput", "x mp.Pool"]
     head += ["+PSS (MB)"] if has_memory else []
     lines = [
         "| " + " | ".join(head) + " |",
         "|"
         + "|".join(
-            ["---", "---", "---", "---:", "---:", "---:", "---:", "---:"]
+            ["---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:"]
             + (["---:"] if has_memory else [])
         )
         + "|",
@@ -115,6 +126,7 @@ def table(results: list[Result]) -> str:
                 "" if r.idiom else r.variant,
                 fmt_time(r.median),
                 fmt_spread(r.spread),
+                fmt_processes(r),
                 fmt_time(p99) if p99 is not None else "",
                 fmt_rate(r.ops / r.median, r.unit) if r.kind != "fresh" else "",
                 fmt_ratio(ratio[(r.scenario, r.label)]) if (r.scenario, r.label) in ratio else "",
@@ -131,6 +143,7 @@ def table(results: list[Result]) -> str:
             "",
             "",
             "",
+            "",
             f"**{fmt_ratio(value)}**",
         ]
         lines.append("| " + " | ".join(cells + ([""] if has_memory else [])) + " |")
@@ -139,7 +152,9 @@ def table(results: list[Result]) -> str:
 
 LEGEND = (
     "median and p99: time per call (p99 over every call, for the round trips); ±: the rounds' "
-    "standard deviation over their median (! above 10%); throughput: calls, "
+    "standard deviation over their median (! above 10%); processes: the medians of the fresh "
+    "processes the rounds ran in, peers interleaved (a bimodal figure shows here); "
+    "throughput: calls, "
     "tasks, items or array GB (in, plus out for round trips) per second of median time; x mp.Pool: "
     "multiprocessing.Pool's median over the row's, above 1 is faster; +PSS: what one call added to "
     "the proportional set size of the parent and its workers (shared pages split among sharers). "
@@ -157,7 +172,8 @@ def unstable(results: list[Result]) -> list[str]:
     return [
         f"WARNING: {len(bad)} of {len(best_rows(results))} figures are unstable: the standard "
         f"deviation of their rounds exceeds {100 * UNSTABLE_SPREAD:.0f}% of the median (marked ! "
-        f"in the ± column; worst: {worst.group} / {worst.label}, {100 * (worst.spread or 0):.0f}%). "
+        f"in the ± column; worst: {worst.group} / {worst.label}, "
+        f"{100 * (worst.spread or 0):.0f}%). "
         "Something else is using the CPUs, or the rounds are too few: close other programs, run "
         "again, or run without --quick; compare ratios rather than times."
     ]
@@ -247,7 +263,8 @@ def compare(
         )
     if better:
         lines.append(
-            f"SOME BENCHMARKS GOT FASTER: {better} row(s) marked - (ratio < {1 / CHANGE_FACTOR:.2f})."
+            f"SOME BENCHMARKS GOT FASTER: {better} row(s) marked - "
+            f"(ratio < {1 / CHANGE_FACTOR:.2f})."
         )
     if noisy:
         lines.append(

@@ -1,7 +1,15 @@
 """Times the cases of scenarios.catalog() for ``python -m fastpool bench``.
 
-    run(cases, on_case)   opens each (peer, workers) once, runs its cases, closes it,
-                          then the fresh-process cases; one Result per case
+    run(cases, on_case, processes, spec)
+                          one Result per case. processes=1: opens each (peer, workers)
+                          once here, runs its cases, closes it, then the fresh-process
+                          cases. processes=N with the catalogue's spec: N rounds; in each,
+                          every (peer, workers) runs its share of the rounds in a new
+                          interpreter (``python -m fastpool._bench.runner SPEC``), the peers
+                          one after the other, then one round of each fresh-process case.
+                          So a peer's rounds come from N processes, interleaved with the
+                          others': a mode a process falls into (where the scheduler put its
+                          threads, say) shows as spread, not as one peer's luck.
     measure(case, peer)   warm-up call (its result checked), then the timed rounds
 
 Each round of a "rounds" case is one call, timed with perf_counter; a "latency" case
@@ -14,7 +22,11 @@ and the run goes on.
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -23,7 +35,7 @@ from typing import Any
 
 from fastpool._bench import peers as _peers
 from fastpool._bench.memory import peak_memory
-from fastpool._bench.scenarios import IN_PROCESS, SPAWN_REFERENCE, Case
+from fastpool._bench.scenarios import IN_PROCESS, SPAWN_REFERENCE, Case, catalog
 
 ROUND_MIN_S = 0.02
 MAX_INNER = 50
@@ -131,13 +143,12 @@ def measure(case: Case, peer: _peers.Peer) -> Result:
     return result
 
 
-def _fresh(case: Case) -> Result:
+def _fresh(case: Case, rounds: int | None = None) -> Result:
     result = Result.of(case)
-    for _ in range(case.rounds):
-        if case.peer == SPAWN_REFERENCE:
-            result.rounds.append(_peers.spawn_reference_s())
-        else:
-            result.rounds.append(_peers.fresh_process_first_result_s(case.peer, case.workers))
+    assert case.fresh is not None, f"fresh case {case.scenario} has no call"
+    for _ in range(case.rounds if rounds is None else rounds):
+        result.rounds.append(case.fresh())
+    result.extra["process_medians"] = list(result.rounds)
     return result
 
 
@@ -149,8 +160,10 @@ def _failed(case: Case, exc: BaseException) -> Result:
     return result
 
 
-def run(cases: list[Case], on_case: Callable[[int, int, Case], None] | None = None) -> list[Result]:
-    """Measure every case; ``on_case(i, n, case)`` is called before each one (progress)."""
+def _run_here(
+    cases: list[Case], on_case: Callable[[int, int, Case], None] | None = None
+) -> list[Result]:
+    """Measure every case in this process; ``on_case(i, n, case)`` before each (progress)."""
     order: list[tuple[str, int]] = []
     for case in cases:
         if case.kind != "fresh" and (case.peer, case.workers) not in order:
@@ -190,7 +203,128 @@ def run(cases: list[Case], on_case: Callable[[int, int, Case], None] | None = No
                 by_case[i] = _fresh(case)
             except Exception as exc:  # noqa: BLE001
                 by_case[i] = _failed(case, exc)
+    for i, case in enumerate(cases):
+        r = by_case[i]
+        if case.kind != "fresh" and r.rounds:
+            r.extra["process_medians"] = [statistics.median(r.rounds)]
     return [by_case[i] for i in range(len(cases))]
+
+
+def run(
+    cases: list[Case],
+    on_case: Callable[[int, int, Case], None] | None = None,
+    processes: int = 1,
+    spec: dict[str, Any] | None = None,
+) -> list[Result]:
+    """Measure every case; ``on_case(i, n, case)`` is called before each step (progress).
+
+    ``processes`` > 1 needs ``spec``, the keyword arguments of scenarios.catalog() that
+    made ``cases``: each new interpreter rebuilds the catalogue from it."""
+    if processes <= 1 or spec is None:
+        return _run_here(cases, on_case)
+    groups: list[tuple[str, int]] = []
+    for case in cases:
+        if case.kind != "fresh" and (case.peer, case.workers) not in groups:
+            groups.append((case.peer, case.workers))
+    fresh = [i for i, c in enumerate(cases) if c.kind == "fresh"]
+    merged = [Result.of(c) for c in cases]
+    for r in merged:
+        r.extra["process_medians"] = []
+    steps = processes * len(groups) + sum(min(cases[i].rounds, processes) for i in fresh)
+    done = 0
+    for share in range(processes):
+        for peer, workers in groups:
+            mine = [
+                i
+                for i, c in enumerate(cases)
+                if c.kind != "fresh" and (c.peer, c.workers) == (peer, workers)
+            ]
+            if on_case:
+                on_case(done, steps, cases[mine[0]])
+            done += 1
+            share_of = {i: cases[i] for i in mine}
+            for i, got in _in_new_process(spec, share, processes, share_of).items():
+                _merge(merged[i], got)
+        for i in fresh:
+            case = cases[i]
+            if share >= case.rounds:
+                continue  # fewer rounds than processes: the first ones only
+            if on_case:
+                on_case(done, steps, case)
+            done += 1
+            try:
+                unavailable = None if case.peer == SPAWN_REFERENCE else _peers.available(case.peer)
+                if unavailable:
+                    raise _peers.PeerUnavailable(unavailable)
+                _merge(merged[i], _fresh(case, 1))
+            except Exception as exc:  # noqa: BLE001
+                _merge(merged[i], _failed(case, exc))
+    for r in merged:
+        r.extra["processes"] = len(r.extra["process_medians"])
+    return merged
+
+
+def _merge(into: Result, got: Result) -> None:
+    if got.error:
+        into.error = into.error or got.error
+        if "traceback" in got.extra:
+            into.extra.setdefault("traceback", got.extra["traceback"])
+        return
+    into.rounds.extend(got.rounds)
+    into.samples.extend(got.samples)
+    medians = into.extra["process_medians"]
+    for key, value in got.extra.items():
+        if key != "process_medians" and key not in into.extra:
+            into.extra[key] = value
+    if got.rounds:
+        medians.append(statistics.median(got.rounds))
+
+
+def _in_new_process(
+    spec: dict[str, Any], share: int, of: int, mine: dict[int, Case]
+) -> dict[int, Result]:
+    """The cases ``mine`` (index: case) of one (peer, workers), run in a new interpreter:
+    share ``share`` of ``of`` of each case's rounds. A process that fails fails each one."""
+    first = next(iter(mine.values()))
+    order = {**spec, "peer": first.peer, "workers_of_group": first.workers}
+    order.update(share=share, of=of)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fastpool._bench.runner", json.dumps(order)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"bench process failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        data = json.loads(done.stdout.strip().splitlines()[-1])
+        return {int(i): Result.from_dict(d) for i, d in data.items()}
+    except Exception as exc:  # noqa: BLE001 - the rows of this process fail, the run goes on
+        return {i: _failed(case, exc) for i, case in mine.items()}
+
+
+def _child(order: dict[str, Any]) -> None:
+    """One process's share (``python -m fastpool._bench.runner ORDER``): prints a JSON line
+    {case index: Result}."""
+    spec = {k: order[k] for k in ("peers", "quick", "only", "workers")}
+    cases = catalog(**spec)
+    share, of = order["share"], order["of"]
+    mine = {
+        i: c
+        for i, c in enumerate(cases)
+        if c.kind != "fresh" and (c.peer, c.workers) == (order["peer"], order["workers_of_group"])
+    }
+    for case in mine.values():
+        case.rounds = max(1, math.ceil(case.rounds / of))
+        if share:
+            case.memory_repeat = 0  # sampled in the first process only
+    results = _run_here(list(mine.values()))
+    print(json.dumps({i: r.to_dict() for i, r in zip(mine, results)}))
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]))
 
 
 __all__ = ["Result", "measure", "run", "IN_PROCESS"]

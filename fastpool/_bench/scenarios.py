@@ -14,7 +14,12 @@ same thing in both reports.
                 ([share], [empty] both ways, [fill]) as rows of their own, and the compute alone
                 in this process
     start       constructor to first result in a fresh interpreter that imported numpy,
-                and a plain multiprocessing spawn of a child importing numpy, for scale
+                and a plain multiprocessing spawn of a child importing numpy, for scale;
+                ``import fastpool`` after numpy; a cold pool of BURST_WORKERS running
+                BURST_TASKS sleeps of BURST_TASK_S (start plus ramp)
+
+Rows of kind "rounds" and "latency" run in fresh processes, several per peer, the peers
+interleaved (runner.run); each process gives one median, and the report shows their spread.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastpool._bench import peers as _peers
 from fastpool._bench import tasks
 from fastpool._bench.peers import ARRAY_PEERS, TASK_PEERS, Peer
 
@@ -31,9 +37,14 @@ SUBMITS = 20_000
 MAP_ITEMS = 200_000
 CHUNKSIZES = (1000, 5000, 20000)
 SIZES_MIB = (1, 16, 256)
-LATENCY_CALLS = 2000
+LATENCY_CALLS = 5000
 START_WORKERS = 2
-# --quick: under 30 s on two cores with every peer installed
+BURST_WORKERS = 4
+BURST_TASKS = 40
+BURST_TASK_S = 0.1
+# peers whose map has a default chunk size worth a row: PPE and loky default to 1 item
+DEFAULT_CHUNK_PEERS = ("fastpool", "mp.Pool")
+# --quick: under a minute on two cores with every peer installed (41 s measured under load)
 QUICK_SUBMITS = 1_000
 QUICK_MAP_ITEMS = 50_000
 QUICK_CHUNKSIZES = (1000, 5000)
@@ -70,6 +81,14 @@ def round_trip_group(mib: int) -> str:
 
 def start_group(workers: int) -> str:
     return f"start: construct to first result (import numpy), {workers} workers"
+
+
+def import_group() -> str:
+    return "start: import fastpool after numpy, fresh interpreter"
+
+
+def burst_group(workers: int, n: int, seconds: float) -> str:
+    return f"start: cold pool of {workers}, {n} tasks of {seconds:g} s (start plus ramp)"
 
 
 # ---- the calls ----------------------------------------------------------------------------
@@ -181,6 +200,7 @@ class Case:
     warmup: int = 1
     calls: int = 0  # latency: calls per round
     memory_repeat: int = 0  # > 0: also sample peak memory over this many calls
+    fresh: Callable[[], float] | None = None  # kind "fresh": one round, in a new interpreter
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -237,7 +257,7 @@ def _throughput(
     for p in peers:
         if p not in TASK_PEERS:
             continue
-        for cs in [None, *chunksizes] if p == "fastpool" else chunksizes:
+        for cs in chunksizes:
             cases.append(
                 Case(
                     "map",
@@ -246,6 +266,22 @@ def _throughput(
                     variant=f"chunksize={cs or 'auto'}",
                     workers=workers,
                     build=lambda peer, cs=cs: map_small(peer, data, cs),
+                    check=lambda got, n=items: check_map(got, n),
+                    ops=items,
+                    unit="items/s",
+                    rounds=rounds,
+                )
+            )
+        if p in DEFAULT_CHUNK_PEERS:
+            cases.append(
+                Case(
+                    "map",
+                    map_group(items, workers),
+                    p,
+                    variant="default chunksize",
+                    idiom=True,
+                    workers=workers,
+                    build=lambda peer: map_small(peer, data, None),
                     check=lambda got, n=items: check_map(got, n),
                     ops=items,
                     unit="items/s",
@@ -304,13 +340,62 @@ def _arrays(peers: list[str], workers: int, sizes: tuple[int, ...], quick: bool)
 def _start(peers: list[str], workers: int, runs: int) -> list[Case]:
     group = start_group(workers)
     cases = [
-        Case("start", group, p, workers=workers, kind="fresh", rounds=runs, warmup=0)
+        Case(
+            "start",
+            group,
+            p,
+            workers=workers,
+            kind="fresh",
+            rounds=runs,
+            warmup=0,
+            fresh=lambda p=p: _peers.fresh_process_first_result_s(p, workers),
+        )
         for p in peers
         if p in TASK_PEERS
     ]
     cases.append(
-        Case("start", group, SPAWN_REFERENCE, workers=1, kind="fresh", rounds=runs, warmup=0)
+        Case(
+            "start",
+            group,
+            SPAWN_REFERENCE,
+            workers=1,
+            kind="fresh",
+            rounds=runs,
+            warmup=0,
+            fresh=_peers.spawn_reference_s,
+        )
     )
+    if "fastpool" in peers:
+        cases.append(
+            Case(
+                "import",
+                import_group(),
+                "fastpool",
+                workers=0,
+                kind="fresh",
+                rounds=max(3, runs),
+                warmup=0,
+                fresh=_peers.import_after_numpy_s,
+            )
+        )
+    cases += [
+        Case(
+            "burst",
+            burst_group(BURST_WORKERS, BURST_TASKS, BURST_TASK_S),
+            p,
+            workers=BURST_WORKERS,
+            kind="fresh",
+            rounds=runs,
+            warmup=0,
+            ops=BURST_TASKS,
+            unit="tasks/s",
+            fresh=lambda p=p: _peers.fresh_process_burst_s(
+                p, BURST_WORKERS, BURST_TASKS, BURST_TASK_S
+            ),
+        )
+        for p in peers
+        if p in TASK_PEERS
+    ]
     return cases
 
 
@@ -332,7 +417,7 @@ def catalog(
         cases += _throughput(peers, workers, QUICK_SUBMITS, QUICK_MAP_ITEMS, QUICK_CHUNKSIZES, 3)
         cases += _arrays(peers, workers, QUICK_SIZES_MIB, True) + _start(peers, workers, 1)
     else:
-        cases = [c for w in hops for c in _hop(peers, w, LATENCY_CALLS, 5)]
+        cases = [c for w in hops for c in _hop(peers, w, LATENCY_CALLS, 10)]
         cases += _throughput(peers, workers, SUBMITS, MAP_ITEMS, CHUNKSIZES, 5)
         cases += _arrays(peers, workers, SIZES_MIB, False) + _start(peers, workers, 3)
     if only:

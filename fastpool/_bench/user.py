@@ -242,14 +242,16 @@ def run(
         cs = "" if r["how"] == "serial" else (r["chunksize"] or "auto")
         say(
             f"| {'**' + r['how'] + '**' if r is enough else r['how']} | {r['workers']} | {cs} | "
-            f"{fmt_time(r['seconds'])} | {n / r['seconds']:,.0f} | {serial_s / r['seconds']:.2f}x | "
+            f"{fmt_time(r['seconds'])} | {n / r['seconds']:,.0f} | "
+            f"{serial_s / r['seconds']:.2f}x | "
             f"{mp_best['seconds'] / r['seconds']:.2f}x |"
         )
     cs_text = (
         f"chunksize={enough['chunksize']}" if enough["chunksize"] else "chunksize=None (automatic)"
     )
     say(
-        f"\nSuggested: fastpool.Pool({enough['workers']}) and pool.map({fn.__name__}, inputs, {cs_text}): "
+        f"\nSuggested: fastpool.Pool({enough['workers']}) and "
+        f"pool.map({fn.__name__}, inputs, {cs_text}): "
         f"{fmt_time(enough['seconds'])}, {serial_s / enough['seconds']:.2f}x serial, "
         f"{mp_best['seconds'] / enough['seconds']:.2f}x multiprocessing.Pool at its best "
         f"({mp_best['workers']} workers, chunksize={mp_best['chunksize']})."
@@ -258,13 +260,14 @@ def run(
         say(f"More workers than {enough['workers']} gain less than {100 * SAME_WITHIN:.0f}% here.")
     if fast["seconds"] >= serial_s:
         say(
-            f"No pool beat the serial run: each call takes {fmt_time(per_call)}, too little to pay for "
-            "sending it to another process. Give each call more work (a batch of inputs), or stay serial."
+            f"No pool beat the serial run: each call takes {fmt_time(per_call)}, too little to "
+            "pay for sending it to another process. Give each call more work (a batch of "
+            "inputs), or stay serial."
         )
     if _has_big_array(items):
         say(
-            "Inputs hold NumPy arrays of 1 MiB or more: allocating them with pool.empty / pool.share "
-            "sends a descriptor instead of the bytes (see docs/arrays.md)."
+            "Inputs hold NumPy arrays of 1 MiB or more: allocating them with pool.empty / "
+            "pool.share sends a descriptor instead of the bytes (see docs/arrays.md)."
         )
     for m in mismatches:
         say(f"WARNING: {m} returned results that differ from the serial run.")

@@ -1,7 +1,7 @@
 """``python -m fastpool bench``: fastpool against the installed peers, or your own function.
 
     python -m fastpool bench [--quick] [--peers mp,ppe,loky,joblib] [--json out.json]
-                             [--plot out.png] [--compare old.json]
+                             [--plot out.png] [--compare old.json] [--processes N]
     python -m fastpool bench --compare old.json new.json      (no run: two files)
     python -m fastpool bench --user my_module:my_func --args 'range(10_000)'
 
@@ -20,13 +20,16 @@ import time
 from typing import Any, TextIO
 
 DEFAULT_PEERS = "mp,ppe,loky,joblib"
+PROCESSES = 10  # fresh processes per peer, interleaved (--processes)
+QUICK_PROCESSES = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="fewer rounds and sizes (no 256 MiB rows): under 30 s on two cores",
+        help="fewer rounds and sizes (no 256 MiB rows), 3 processes per peer: under a minute "
+        "on two cores",
     )
     p.add_argument(
         "--peers",
@@ -49,6 +52,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run only the scenarios whose id contains one of these comma-separated "
         "words: hop, submits, map, arrays, one-way, round-trip, start, or a size "
         "such as 16",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"run each peer's rounds in N fresh processes, the peers interleaved, and show "
+        f"the spread of the per-process medians (default: {PROCESSES}, {QUICK_PROCESSES} with "
+        f"--quick; 1: every round in this process)",
     )
     p.add_argument("--json", metavar="PATH", help="write raw samples and metadata to PATH")
     p.add_argument(
@@ -128,6 +140,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.workers is not None and args.workers < 1:
         parser.error("--workers must be at least 1")
+    if args.processes is not None and args.processes < 1:
+        parser.error("--processes must be at least 1")
     if args.plot:
         try:
             report.require_matplotlib()
@@ -180,22 +194,30 @@ def _standard(
         return 1
     names = [n for n in names if n not in skipped]
     workers = args.workers or scenarios.START_WORKERS
-    cases = scenarios.catalog(names, quick=args.quick, only=args.only, workers=workers)
+    spec = {"peers": names, "quick": args.quick, "only": args.only, "workers": workers}
+    cases = scenarios.catalog(**spec)
+    processes = args.processes or (QUICK_PROCESSES if args.quick else PROCESSES)
     if not cases:
         parser.error(f"--only {args.only!r} selects no scenario")
     busy = _env.busy_warning()
     if busy:
         print(busy, file=sys.stderr)
+    uncompiled = _env.bytecode_warning()
+    if uncompiled:
+        print(uncompiled, file=sys.stderr)
     t0 = time.perf_counter()
     progress = Progress(enabled=not args.no_progress)
     try:
-        results = runner.run(cases, progress)
+        results = runner.run(cases, progress, processes=processes, spec=spec)
     finally:
         progress.done()
     took = time.perf_counter() - t0
     env = _env.environment()
     mode = "--quick" if args.quick else "full"
-    print(f"## python -m fastpool bench ({mode}, {workers} workers, {took:.0f} s)\n")
+    print(
+        f"## python -m fastpool bench ({mode}, {workers} workers, "
+        f"{processes} process{'es' if processes > 1 else ''} per peer, {took:.0f} s)\n"
+    )
     print(report.table(results))
     print()
     print(report.LEGEND)
@@ -203,7 +225,7 @@ def _standard(
         print(f"\nnot run: {name}: {why}")
     if args.quick:
         print("\n--quick: fewer rounds, no 256 MiB rows; run without it for the full set.")
-    for line in report.unstable(results) + ([busy] if busy else []):
+    for line in report.unstable(results) + [w for w in (busy, uncompiled) if w]:
         print("\n" + line)
     failed = report.failures(results)
     for line in failed:
@@ -213,6 +235,7 @@ def _standard(
         "argv": shlex.join(sys.argv),
         "quick": args.quick,
         "workers": workers,
+        "processes": processes,
         "peers": names,
         "skipped": skipped,
         "seconds": round(took, 1),

@@ -260,4 +260,60 @@ TEST(eventcount_ping_pong_loses_no_wakeup)
     CHECK_EQ(p.timeouts, 0);
 }
 
+/* The callers' spin loop (fp_ringv_wait_data, fp_boardv_wait_results) over a flag
+ * word: returns 1 if it saw the flag while spinning, 0 if it parked (briefly).
+ * *steps: how many spin steps it took. */
+static int spin_wait(fp_a32 *flag, fp_event_t *ev, int64_t spin_ns, unsigned *steps)
+{
+    fp_spin_t sp;
+    fp_spin_init(&sp);
+    int64_t start = sp.start;
+    *steps = 0;
+    while (sp.now - start < spin_ns) {
+        if (fp_load32_acquire(flag))
+            return 1;
+        fp_spin_step(&sp);
+        ++*steps;
+    }
+    uint32_t key = fp_event_prepare(ev);
+    if (!fp_load32_acquire(flag))
+        fp_event_wait(ev, key, 1000);
+    fp_event_finish(ev);
+    return 0;
+}
+
+/* Spins that end in a park shrink this thread's spin to nothing, so a waiter whose
+ * partner cannot run (the same CPU) stops burning its budget; a probe every
+ * FP_SPIN_PROBE_EVERY waits finds data that comes quickly again and spinning resumes. */
+TEST(spin_adapts_to_misses_and_recovers_on_hits)
+{
+    static fp_event_t ev;
+    static fp_a32 flag;
+    unsigned steps;
+    fp_store32_release(&flag, 0);
+    for (int i = 0; i < 20; i++)
+        spin_wait(&flag, &ev, 50000, &steps); /* nothing comes: every spin is a miss */
+    CHECK_EQ(fp_spin_state.cap, 0);
+    fp_spin_state.since_probe = 0;
+    spin_wait(&flag, &ev, 50000, &steps);
+    CHECK_EQ(steps, 1u); /* a wait that is no probe stops at its first step */
+    fp_store32_release(&flag, 1);
+    for (unsigned i = 0; i < 2 * FP_SPIN_PROBE_EVERY; i++)
+        spin_wait(&flag, &ev, 50000, &steps); /* data waiting: says nothing, cap stays */
+    CHECK_EQ(fp_spin_state.cap, 0);
+    /* a probe that finds its data within its window: the cap opens again */
+    fp_spin_state.cap = 0;
+    fp_spin_state.since_probe = FP_SPIN_PROBE_EVERY - 1;
+    fp_spin_state.active = 0;
+    fp_spin_t sp;
+    fp_spin_init(&sp);
+    CHECK_EQ(sp.cap, FP_SPIN_PROBE_NS);
+    for (int i = 0; i < 200; i++)
+        fp_spin_step(&sp); /* some spinning, then the data is found: no park */
+    fp_spin_init(&sp);     /* the next wait learns the hit */
+    CHECK(fp_spin_state.cap >= FP_SPIN_MIN_NS);
+    fp_event_prepare(&ev);
+    fp_event_finish(&ev);
+}
+
 int main(int argc, char **argv) { return check_main(argc, argv); }

@@ -339,3 +339,53 @@ def test_the_commands_are_leaves_that_nothing_in_the_library_imports() -> None:
     assert {m.split(".")[0] for m in imported} <= set(__import__("sys").stdlib_module_names) | {
         "__future__"
     }
+
+
+def test_the_catalogue_has_every_row_of_issue_16() -> None:
+    cases = scenarios.catalog(["fastpool", "mp.Pool", "PPE"])
+    rows = {(c.scenario, c.label) for c in cases}
+    for peer in ("fastpool", "mp.Pool", "PPE"):
+        assert {("hop-2w", peer), ("submits", peer), ("start", peer), ("burst", peer)} <= rows
+        assert any(s == "map" and p == peer and not c.idiom for (s, p), c in _by(cases).items())
+    assert {("map", "fastpool [default chunksize]"), ("map", "mp.Pool [default chunksize]")} <= rows
+    for direction in ("one-way", "round-trip"):
+        assert {
+            (f"arrays-{direction}-256", "in-process"),
+            (f"arrays-{direction}-256", "fastpool"),
+            (f"arrays-{direction}-256", "fastpool [share]"),
+        } <= rows
+    assert ("import", "fastpool") in rows
+    burst = next(c for c in cases if c.scenario == "burst")
+    assert (burst.workers, scenarios.BURST_TASKS, scenarios.BURST_TASK_S) == (4, 40, 0.1)
+    hop = next(c for c in cases if c.scenario == "hop-2w")
+    assert hop.rounds >= 10 and all(c.fresh is not None for c in cases if c.kind == "fresh")
+
+
+def _by(cases: list) -> dict:
+    return {(c.scenario, c.label): c for c in cases}
+
+
+def test_the_table_shows_the_spread_of_the_per_process_medians() -> None:
+    bimodal = _result("h", "fastpool", [3e-6, 3e-6, 150e-6])
+    bimodal.extra["process_medians"] = [3e-6, 3e-6, 150e-6]
+    single = _result("h", "mp.Pool", [30e-6])
+    single.extra["process_medians"] = [30e-6]
+    rows = {
+        line.split("|")[2].strip(): line for line in report.table([bimodal, single]).split("\n")
+    }
+    assert "| 3.00 µs / 3.00 µs / 150 µs (3) |" in rows["**fastpool**"]
+    assert "(1)" not in rows["mp.Pool"]  # one process: no spread to show
+
+
+def test_the_bench_warns_when_fresh_processes_would_compile_fastpool(monkeypatch) -> None:
+    import importlib.util
+    import sys
+
+    from fastpool._bench import env
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(importlib.util, "cache_from_source", lambda src: src + ".absent.pyc")
+    warning = env.bytecode_warning()
+    assert warning is not None and "compileall" in warning and "__init__.py" in warning
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert env.bytecode_warning() is None  # a fresh process writes its own .pyc

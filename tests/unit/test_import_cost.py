@@ -22,8 +22,12 @@ TESTS = Path(__file__).resolve().parents[1]
 # Each is paid only where it is used: psutil off Linux, cloudpickle when a function
 # goes by value, threadpoolctl in a worker with spare cores, asyncio for a coroutine,
 # concurrent.futures.process (multiprocessing) for the BrokenPool family, pool.py
-# and what it brings at the first `fastpool.Pool`, the worker's loop in workers.
+# and what it brings at the first `fastpool.Pool`, the worker's loop in workers; the
+# call, codec and template modules with the first pool or the first name of theirs.
 NOT_AT_IMPORT = (
+    "fastpool._runtime._call",
+    "fastpool._runtime._codec",
+    "fastpool._runtime._template",
     "psutil",
     "cloudpickle",
     "threadpoolctl",
