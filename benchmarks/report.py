@@ -27,8 +27,12 @@ GROUP_ORDER = ["hop", "throughput", "start", "arrays one way", "arrays round tri
 
 LEGEND = {
     "p50_us": "p50/p99: percentiles of 2,000 round trips timed one by one",
-    "fresh_ms": "in a fresh process: the first pool of a new interpreter (pays once-per-process start-up)",
-    "gb_per_s": "GB/s: array bytes crossing (in, plus out for round trips) per second of median time",
+    "fresh_ms": (
+        "in a fresh process: the first pool of a new interpreter (pays once-per-process start-up)"
+    ),
+    "gb_per_s": (
+        "GB/s: array bytes crossing (in, plus out for round trips) per second of median time"
+    ),
     "peak_mb": "peak RSS: parent + workers; counts a shared page once per process that maps it",
     "pss_mb": "peak PSS: parent + workers with shared pages split among sharers (the real total)",
     "delta_mb": "+PSS: what the call added to the PSS it started from",
@@ -130,7 +134,9 @@ def machine_line(data: dict) -> str:
     parts = [
         cpu.get("brand_raw") or machine.get("processor") or "",
         f"{cpu['count']} CPUs" if cpu.get("count") else "",
-        f"{machine.get('python_implementation', 'Python')} {machine.get('python_version', '')}".strip(),
+        " ".join(
+            (machine.get("python_implementation", "Python"), machine.get("python_version", ""))
+        ).strip(),
         machine.get("system", "")
         + (" " + machine.get("release", "") if machine.get("release") else ""),
         f"commit {commit['id'][:10]}{' (dirty)' if commit.get('dirty') else ''}"

@@ -139,7 +139,8 @@ def test_replacement_worker(benchmark):
                 if pid != victim["pid"]:
                     return pid
             raise TimeoutError(
-                f"no task ran within {REPLACE_TIMEOUT_S} s of SIGKILL to idle worker {victim['pid']}; "
+                f"no task ran within {REPLACE_TIMEOUT_S} s of SIGKILL to idle worker "
+                f"{victim['pid']}; "
                 f"workers: {peer.pool.stats()['workers']}"
             )
 
@@ -197,7 +198,7 @@ _POOLS = {  # peer: (module, constructor, first result, how it starts workers, c
         "fastpool, _tasks",
         "p = fastpool.Pool({n})",
         "p.submit(_tasks.import_numpy).result()",
-        "_KIND[type(__import__('fastpool._runtime._template').__dict__['_template'].template()._proc).__name__]",
+        "_KIND[type(sys.modules['fastpool._runtime._template'].template()._proc).__name__]",
         "p.shutdown()",
     ),
     "mp.Pool": (
@@ -251,7 +252,9 @@ if __name__ == "__main__":
     with fastpool.Pool({n}) as p:
         result = p.submit(total, 10).result()
         elapsed = time.perf_counter() - t0
-        kind = _KIND[type(__import__("fastpool._runtime._template").__dict__["_template"].template()._proc).__name__]
+        from fastpool._runtime import _template
+
+        kind = _KIND[type(_template.template()._proc).__name__]
     assert result == 10.0
     print(kind, elapsed)
 """
