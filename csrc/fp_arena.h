@@ -154,7 +154,8 @@ static inline uint64_t fp_arena_min_block(uint32_t nprocs)
     return fp_arena_align(fp_arena_hdr_size(nprocs) + 1, FP_ARENA_PAGE);
 }
 /* min_block <= hdr + PAGE <= 32 + 4 nprocs + 63 + PAGE */
-static_assert(FP_ARENA_MIN_SPLIT >= sizeof(fp_block_t) + 4u * FP_ARENA_MAX_PROCS + 63u + FP_ARENA_PAGE,
+static_assert(FP_ARENA_MIN_SPLIT >=
+                  sizeof(fp_block_t) + 4u * FP_ARENA_MAX_PROCS + 63u + FP_ARENA_PAGE,
               "a split tail holds a whole block in an arena of any size");
 
 static inline uint64_t fp_arena_regions_offset(uint32_t nprocs)
@@ -194,7 +195,10 @@ static inline fp_block_t *fp_arena_block(const fp_arena_view_t *v, uint64_t off)
     return (fp_block_t *)(v->base + off);
 }
 
-static inline fp_a32 *fp_block_counts(fp_block_t *b) { return (fp_a32 *)((unsigned char *)b + sizeof(fp_block_t)); }
+static inline fp_a32 *fp_block_counts(fp_block_t *b)
+{
+    return (fp_a32 *)((unsigned char *)b + sizeof(fp_block_t));
+}
 
 static inline uint64_t fp_arena_next_gen(const fp_arena_view_t *v)
 {
@@ -216,7 +220,8 @@ static inline int fp_block_reusable(const fp_arena_view_t *v, fp_block_t *b)
     return b->magic == FP_BLOCK_MAGIC && fp_block_free(v, b);
 }
 
-static inline int fp_arena_bad(fp_arena_damage_t *d, uint32_t region, int why, uint64_t at, uint64_t value)
+static inline int fp_arena_bad(fp_arena_damage_t *d, uint32_t region, int why, uint64_t at,
+                               uint64_t value)
 {
     if (d) {
         d->region = region;
@@ -227,8 +232,8 @@ static inline int fp_arena_bad(fp_arena_damage_t *d, uint32_t region, int why, u
     return FP_CORRUPT;
 }
 
-static inline void fp_arena_view_fill(fp_arena_view_t *v, void *base, uint32_t nprocs, uint64_t region_size,
-                                      uint64_t budget, uint64_t token)
+static inline void fp_arena_view_fill(fp_arena_view_t *v, void *base, uint32_t nprocs,
+                                      uint64_t region_size, uint64_t budget, uint64_t token)
 {
     v->base = (unsigned char *)base;
     v->nprocs = nprocs;
@@ -271,15 +276,16 @@ static inline int fp_arena_check(const fp_arena_t *head, uint64_t file_size)
     if (head->magic != FP_ARENA_MAGIC || head->version != FP_ARENA_VERSION)
         return FP_CORRUPT;
     uint64_t total = fp_arena_size(head->nprocs, head->region_size);
-    if (total == 0 || head->total_size != total || head->regions_offset != fp_arena_regions_offset(head->nprocs) ||
-        total > file_size)
+    if (total == 0 || head->total_size != total ||
+        head->regions_offset != fp_arena_regions_offset(head->nprocs) || total > file_size)
         return FP_CORRUPT;
     return FP_OK;
 }
 
 /* Fills this process's view from a checked private copy of the header and
  * its own mapping of at least head->total_size bytes. */
-static inline int fp_arena_attach(const fp_arena_t *head, void *base, uint64_t mapped, fp_arena_view_t *v)
+static inline int fp_arena_attach(const fp_arena_t *head, void *base, uint64_t mapped,
+                                  fp_arena_view_t *v)
 {
     if (fp_arena_check(head, mapped) != FP_OK)
         return FP_CORRUPT;
@@ -370,12 +376,13 @@ static inline int fp_arena_walk_fail(const fp_arena_walk_t *w, fp_arena_damage_t
  * that top, so a shared top that differs from it was written by someone else
  * (lowered to a block boundary, it would make the next bump land on live
  * blocks) and is reported as damage. */
-static inline int fp_arena_alloc_capped(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, uint64_t cap,
-                                        fp_arena_blk_t *out, uint64_t *fresh_len, uint64_t *own_top,
-                                        fp_arena_damage_t *dmg);
+static inline int fp_arena_alloc_capped(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes,
+                                        uint64_t cap, fp_arena_blk_t *out, uint64_t *fresh_len,
+                                        uint64_t *own_top, fp_arena_damage_t *dmg);
 
-static inline int fp_arena_alloc(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, fp_arena_blk_t *out,
-                                 uint64_t *fresh_len, uint64_t *own_top, fp_arena_damage_t *dmg)
+static inline int fp_arena_alloc(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes,
+                                 fp_arena_blk_t *out, uint64_t *fresh_len, uint64_t *own_top,
+                                 fp_arena_damage_t *dmg)
 {
     return fp_arena_alloc_capped(v, p, nbytes, v->budget, out, fresh_len, own_top, dmg);
 }
@@ -384,9 +391,9 @@ static inline int fp_arena_alloc(const fp_arena_view_t *v, uint32_t p, uint64_t 
  * the arena's committed bytes would pass cap (at most the budget): NumPy's
  * allocations in a worker (fastpool/_alloc.pyx) leave the rest of the budget
  * to the arrays the parent shares. */
-static inline int fp_arena_alloc_capped(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, uint64_t cap,
-                                        fp_arena_blk_t *out, uint64_t *fresh_len, uint64_t *own_top,
-                                        fp_arena_damage_t *dmg)
+static inline int fp_arena_alloc_capped(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes,
+                                        uint64_t cap, fp_arena_blk_t *out, uint64_t *fresh_len,
+                                        uint64_t *own_top, fp_arena_damage_t *dmg)
 {
     if (cap > v->budget)
         cap = v->budget;
@@ -476,7 +483,8 @@ static inline int fp_arena_alloc_capped(const fp_arena_view_t *v, uint32_t p, ui
 
 /* Undoes the bump of a fresh block the caller could not commit (owner only);
  * blk is what fp_arena_alloc returned, not a re-read of the header. */
-static inline void fp_arena_unbump(const fp_arena_view_t *v, uint32_t p, const fp_arena_blk_t *blk, uint64_t *own_top)
+static inline void fp_arena_unbump(const fp_arena_view_t *v, uint32_t p, const fp_arena_blk_t *blk,
+                                   uint64_t *own_top)
 {
     if (p >= v->nprocs)
         return;
@@ -486,7 +494,8 @@ static inline void fp_arena_unbump(const fp_arena_view_t *v, uint32_t p, const f
         fp_store64_release(top, blk->off - base);
         if (own_top)
             *own_top = blk->off - base;
-        fp_add64_relaxed(&fp_arena_head(v)->committed, (uint64_t)0 - blk->size); /* modular: a subtraction */
+        /* modular: a subtraction */
+        fp_add64_relaxed(&fp_arena_head(v)->committed, (uint64_t)0 - blk->size);
     }
     fp_store32_release(&fp_block_counts(fp_arena_block(v, blk->off))[p], 0);
 }
@@ -495,8 +504,8 @@ static inline void fp_arena_unbump(const fp_arena_view_t *v, uint32_t p, const f
 
 /* The region of off, when off can be a block header (page-aligned, a whole
  * smallest block before the region's end); FP_CORRUPT otherwise. */
-static inline int fp_arena_locate(const fp_arena_view_t *v, uint64_t off, uint32_t *region, uint64_t *in_region,
-                                  fp_arena_damage_t *dmg)
+static inline int fp_arena_locate(const fp_arena_view_t *v, uint64_t off, uint32_t *region,
+                                  uint64_t *in_region, fp_arena_damage_t *dmg)
 {
     if (off < v->regions_offset || off >= v->total_size || off % FP_ARENA_PAGE)
         return fp_arena_bad(dmg, v->nprocs, FP_ARENA_BAD_OFFSET, off, off);
@@ -523,8 +532,8 @@ static inline fp_a32 *fp_arena_counter(const fp_arena_view_t *v, uint32_t p, uin
  * gen.  *out gets the block's size from one checked read: it fits inside the
  * region's top, is a page multiple and holds a header; the caller uses that
  * size from then on, whatever the header says later. */
-static inline int fp_arena_ref(const fp_arena_view_t *v, uint32_t p, uint64_t off, uint64_t gen, fp_arena_blk_t *out,
-                               fp_arena_damage_t *dmg)
+static inline int fp_arena_ref(const fp_arena_view_t *v, uint32_t p, uint64_t off, uint64_t gen,
+                               fp_arena_blk_t *out, fp_arena_damage_t *dmg)
 {
     uint32_t r;
     uint64_t in;
@@ -593,8 +602,8 @@ typedef void (*fp_arena_visit_fn)(const fp_arena_view_t *v, uint64_t off, uint64
 
 /* Calls fn(v, off, size, ctx) on every block of region r (the caller checked
  * r < nprocs), up to its damage: FP_OK, or FP_CORRUPT and *dmg. */
-static inline int fp_arena_visit(const fp_arena_view_t *v, uint32_t r, fp_arena_visit_fn fn, void *ctx,
-                                 fp_arena_damage_t *dmg)
+static inline int fp_arena_visit(const fp_arena_view_t *v, uint32_t r, fp_arena_visit_fn fn,
+                                 void *ctx, fp_arena_damage_t *dmg)
 {
     fp_arena_walk_t w;
     uint64_t off, s;
@@ -607,7 +616,8 @@ static inline int fp_arena_visit(const fp_arena_view_t *v, uint32_t r, fp_arena_
 
 /* fp_arena_visit over every region: each damaged region is visited up to its
  * damage, the others in full, and the first damage is reported. */
-static inline int fp_arena_each(const fp_arena_view_t *v, fp_arena_visit_fn fn, void *ctx, fp_arena_damage_t *dmg)
+static inline int fp_arena_each(const fp_arena_view_t *v, fp_arena_visit_fn fn, void *ctx,
+                                fp_arena_damage_t *dmg)
 {
     int status = FP_OK;
     for (uint32_t r = 0; r < v->nprocs; r++)
@@ -616,7 +626,8 @@ static inline int fp_arena_each(const fp_arena_view_t *v, fp_arena_visit_fn fn, 
     return status;
 }
 
-static inline void fp_arena_count_one(const fp_arena_view_t *v, uint64_t off, uint64_t size, void *ctx)
+static inline void fp_arena_count_one(const fp_arena_view_t *v, uint64_t off, uint64_t size,
+                                      void *ctx)
 {
     (void)v, (void)off, (void)size;
     (*(uint64_t *)ctx)++;
@@ -637,7 +648,8 @@ typedef struct {
     uint64_t held;
 } fp_arena_reclaim_ctx_t;
 
-static inline void fp_arena_reclaim_one(const fp_arena_view_t *v, uint64_t off, uint64_t size, void *ctx)
+static inline void fp_arena_reclaim_one(const fp_arena_view_t *v, uint64_t off, uint64_t size,
+                                        void *ctx)
 {
     (void)size;
     fp_arena_reclaim_ctx_t *c = (fp_arena_reclaim_ctx_t *)ctx;
@@ -650,7 +662,8 @@ static inline void fp_arena_reclaim_one(const fp_arena_view_t *v, uint64_t off, 
 /* The parent, after process p died: drop every reference p held, in every
  * region.  *held counts the blocks p was holding.  A damaged region is
  * reclaimed up to its damage and the others in full (fp_arena_each). */
-static inline int fp_arena_reclaim(const fp_arena_view_t *v, uint32_t p, uint64_t *held, fp_arena_damage_t *dmg)
+static inline int fp_arena_reclaim(const fp_arena_view_t *v, uint32_t p, uint64_t *held,
+                                   fp_arena_damage_t *dmg)
 {
     *held = 0;
     if (p >= v->nprocs)
@@ -665,7 +678,8 @@ typedef struct {
     uint64_t live, idle, nlive;
 } fp_arena_usage_ctx_t;
 
-static inline void fp_arena_usage_one(const fp_arena_view_t *v, uint64_t off, uint64_t size, void *ctx)
+static inline void fp_arena_usage_one(const fp_arena_view_t *v, uint64_t off, uint64_t size,
+                                      void *ctx)
 {
     fp_arena_usage_ctx_t *c = (fp_arena_usage_ctx_t *)ctx;
     if (fp_block_free(v, fp_arena_block(v, off))) {
@@ -678,8 +692,8 @@ static inline void fp_arena_usage_one(const fp_arena_view_t *v, uint64_t off, ui
 
 /* Bytes in live (referenced) blocks and in free blocks, over all regions; a
  * damaged region counts up to its damage (fp_arena_each). */
-static inline int fp_arena_usage(const fp_arena_view_t *v, uint64_t *live, uint64_t *idle, uint64_t *nlive,
-                                 fp_arena_damage_t *dmg)
+static inline int fp_arena_usage(const fp_arena_view_t *v, uint64_t *live, uint64_t *idle,
+                                 uint64_t *nlive, fp_arena_damage_t *dmg)
 {
     fp_arena_usage_ctx_t c = {0, 0, 0};
     int rc = fp_arena_each(v, fp_arena_usage_one, &c, dmg);
@@ -694,7 +708,8 @@ typedef struct {
     uint64_t bytes;
 } fp_arena_held_ctx_t;
 
-static inline void fp_arena_held_one(const fp_arena_view_t *v, uint64_t off, uint64_t size, void *ctx)
+static inline void fp_arena_held_one(const fp_arena_view_t *v, uint64_t off, uint64_t size,
+                                     void *ctx)
 {
     fp_arena_held_ctx_t *c = (fp_arena_held_ctx_t *)ctx;
     if (fp_load32_seqcst(&fp_block_counts(fp_arena_block(v, off))[c->p]))
@@ -704,7 +719,8 @@ static inline void fp_arena_held_one(const fp_arena_view_t *v, uint64_t off, uin
 /* Bytes of the blocks in region p that process p itself still references:
  * what a worker allocated in shared memory (its NumPy arrays, through the
  * allocator hook) and holds, which its RSS counts as shared, not its own. */
-static inline int fp_arena_held(const fp_arena_view_t *v, uint32_t p, uint64_t *bytes, fp_arena_damage_t *dmg)
+static inline int fp_arena_held(const fp_arena_view_t *v, uint32_t p, uint64_t *bytes,
+                                fp_arena_damage_t *dmg)
 {
     fp_arena_held_ctx_t c = {p, 0};
     int rc = p < v->nprocs ? fp_arena_visit(v, p, fp_arena_held_one, &c, dmg) : FP_CORRUPT;

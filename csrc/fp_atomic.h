@@ -15,28 +15,76 @@ static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
 typedef _Atomic uint32_t fp_a32;
 typedef _Atomic uint64_t fp_a64;
 
-static inline uint32_t fp_load32_acquire(fp_a32 *p) { return atomic_load_explicit(p, memory_order_acquire); }
-static inline uint32_t fp_load32_relaxed(fp_a32 *p) { return atomic_load_explicit(p, memory_order_relaxed); }
-static inline uint32_t fp_load32_seqcst(fp_a32 *p) { return atomic_load_explicit(p, memory_order_seq_cst); }
-static inline void fp_store32_release(fp_a32 *p, uint32_t v) { atomic_store_explicit(p, v, memory_order_release); }
-static inline void fp_store32_relaxed(fp_a32 *p, uint32_t v) { atomic_store_explicit(p, v, memory_order_relaxed); }
-static inline uint32_t fp_add32_seqcst(fp_a32 *p, uint32_t v) { return atomic_fetch_add_explicit(p, v, memory_order_seq_cst); }
-static inline uint32_t fp_sub32_seqcst(fp_a32 *p, uint32_t v) { return atomic_fetch_sub_explicit(p, v, memory_order_seq_cst); }
-static inline uint32_t fp_xchg32_acqrel(fp_a32 *p, uint32_t v) { return atomic_exchange_explicit(p, v, memory_order_acq_rel); }
+static inline uint32_t fp_load32_acquire(fp_a32 *p)
+{
+    return atomic_load_explicit(p, memory_order_acquire);
+}
+static inline uint32_t fp_load32_relaxed(fp_a32 *p)
+{
+    return atomic_load_explicit(p, memory_order_relaxed);
+}
+static inline uint32_t fp_load32_seqcst(fp_a32 *p)
+{
+    return atomic_load_explicit(p, memory_order_seq_cst);
+}
+static inline void fp_store32_release(fp_a32 *p, uint32_t v)
+{
+    atomic_store_explicit(p, v, memory_order_release);
+}
+static inline void fp_store32_relaxed(fp_a32 *p, uint32_t v)
+{
+    atomic_store_explicit(p, v, memory_order_relaxed);
+}
+static inline uint32_t fp_add32_seqcst(fp_a32 *p, uint32_t v)
+{
+    return atomic_fetch_add_explicit(p, v, memory_order_seq_cst);
+}
+static inline uint32_t fp_sub32_seqcst(fp_a32 *p, uint32_t v)
+{
+    return atomic_fetch_sub_explicit(p, v, memory_order_seq_cst);
+}
+static inline uint32_t fp_xchg32_acqrel(fp_a32 *p, uint32_t v)
+{
+    return atomic_exchange_explicit(p, v, memory_order_acq_rel);
+}
 static inline int fp_cas32_acqrel(fp_a32 *p, uint32_t *expected, uint32_t desired)
 {
     return atomic_compare_exchange_strong_explicit(p, expected, desired, memory_order_acq_rel,
                                                    memory_order_acquire);
 }
 
-static inline uint64_t fp_load64_acquire(fp_a64 *p) { return atomic_load_explicit(p, memory_order_acquire); }
-static inline uint64_t fp_load64_relaxed(fp_a64 *p) { return atomic_load_explicit(p, memory_order_relaxed); }
-static inline void fp_store64_release(fp_a64 *p, uint64_t v) { atomic_store_explicit(p, v, memory_order_release); }
-static inline void fp_store64_relaxed(fp_a64 *p, uint64_t v) { atomic_store_explicit(p, v, memory_order_relaxed); }
-static inline uint64_t fp_add64_relaxed(fp_a64 *p, uint64_t v) { return atomic_fetch_add_explicit(p, v, memory_order_relaxed); }
-static inline uint64_t fp_add64_seqcst(fp_a64 *p, uint64_t v) { return atomic_fetch_add_explicit(p, v, memory_order_seq_cst); }
-static inline uint64_t fp_load64_seqcst(fp_a64 *p) { return atomic_load_explicit(p, memory_order_seq_cst); }
-static inline void fp_store64_seqcst(fp_a64 *p, uint64_t v) { atomic_store_explicit(p, v, memory_order_seq_cst); }
+static inline uint64_t fp_load64_acquire(fp_a64 *p)
+{
+    return atomic_load_explicit(p, memory_order_acquire);
+}
+static inline uint64_t fp_load64_relaxed(fp_a64 *p)
+{
+    return atomic_load_explicit(p, memory_order_relaxed);
+}
+static inline void fp_store64_release(fp_a64 *p, uint64_t v)
+{
+    atomic_store_explicit(p, v, memory_order_release);
+}
+static inline void fp_store64_relaxed(fp_a64 *p, uint64_t v)
+{
+    atomic_store_explicit(p, v, memory_order_relaxed);
+}
+static inline uint64_t fp_add64_relaxed(fp_a64 *p, uint64_t v)
+{
+    return atomic_fetch_add_explicit(p, v, memory_order_relaxed);
+}
+static inline uint64_t fp_add64_seqcst(fp_a64 *p, uint64_t v)
+{
+    return atomic_fetch_add_explicit(p, v, memory_order_seq_cst);
+}
+static inline uint64_t fp_load64_seqcst(fp_a64 *p)
+{
+    return atomic_load_explicit(p, memory_order_seq_cst);
+}
+static inline void fp_store64_seqcst(fp_a64 *p, uint64_t v)
+{
+    atomic_store_explicit(p, v, memory_order_seq_cst);
+}
 
 /* Orders a preceding store before a following load (Dekker): the
  * publish-then-check-waiters half of the eventcount needs it. */

@@ -81,8 +81,8 @@ static inline void fp_slot_reset(fp_slot_t *s)
     fp_add32_seqcst(&s->generation, 1);
 }
 
-static inline void fp_slot_info(fp_slot_t *s, uint32_t *state, uint32_t *pid, uint64_t *current, uint64_t *heartbeat,
-                                uint64_t *served)
+static inline void fp_slot_info(fp_slot_t *s, uint32_t *state, uint32_t *pid, uint64_t *current,
+                                uint64_t *heartbeat, uint64_t *served)
 {
     *state = fp_load32_acquire(&s->state);
     *pid = fp_load32_acquire(&s->pid);
@@ -137,7 +137,10 @@ static inline int fp_slot_skip(fp_slot_t *s, uint64_t seq, uint64_t task)
     return fp_load64_seqcst(&s->current) != task;
 }
 
-static inline void fp_slot_request_cancel(fp_slot_t *s, uint64_t task) { fp_store64_release(&s->cancel_id, task); }
+static inline void fp_slot_request_cancel(fp_slot_t *s, uint64_t task)
+{
+    fp_store64_release(&s->cancel_id, task);
+}
 
 static inline int fp_slot_cancel_requested(fp_slot_t *s)
 {
@@ -145,9 +148,15 @@ static inline int fp_slot_cancel_requested(fp_slot_t *s)
     return c != 0 && c == fp_load64_acquire(&s->current);
 }
 
-static inline uint64_t fp_align_page(uint64_t n) { return (n + FP_PAGE - 1) & ~(uint64_t)(FP_PAGE - 1); }
+static inline uint64_t fp_align_page(uint64_t n)
+{
+    return (n + FP_PAGE - 1) & ~(uint64_t)(FP_PAGE - 1);
+}
 
-static inline uint64_t fp_board_ring_stride(uint64_t cap) { return fp_align_page(sizeof(fp_ring_t) + cap); }
+static inline uint64_t fp_board_ring_stride(uint64_t cap)
+{
+    return fp_align_page(sizeof(fp_ring_t) + cap);
+}
 
 static inline uint64_t fp_board_rings_offset(uint32_t nslots)
 {
@@ -157,7 +166,8 @@ static inline uint64_t fp_board_rings_offset(uint32_t nslots)
 /* 0 when the geometry is out of range (so no size can wrap). */
 static inline uint64_t fp_board_size(uint32_t nslots, uint64_t cap)
 {
-    if (nslots == 0 || nslots > FP_BOARD_MAX_SLOTS || !fp_ring_capacity_ok(cap) || cap > FP_RING_MAX_CAPACITY)
+    if (nslots == 0 || nslots > FP_BOARD_MAX_SLOTS || !fp_ring_capacity_ok(cap) ||
+        cap > FP_RING_MAX_CAPACITY)
         return 0;
     return fp_board_rings_offset(nslots) + 2ull * nslots * fp_board_ring_stride(cap);
 }
@@ -185,7 +195,10 @@ static inline fp_slot_t *fp_boardv_slot(const fp_boardv_t *v, uint32_t i)
 }
 
 static inline fp_ringv_t *fp_boardv_tasks(const fp_boardv_t *v, uint32_t i) { return &v->tasks[i]; }
-static inline fp_ringv_t *fp_boardv_results(const fp_boardv_t *v, uint32_t i) { return &v->results[i]; }
+static inline fp_ringv_t *fp_boardv_results(const fp_boardv_t *v, uint32_t i)
+{
+    return &v->results[i];
+}
 static inline fp_board_t *fp_boardv_board(const fp_boardv_t *v) { return v->b; }
 
 /* Non-ring work for the parent (a death, a kick), and (in the parent's own view)
@@ -195,7 +208,10 @@ static inline void fp_board_flag_attention(fp_board_t *b)
     fp_store32_release(&b->attention, 1);
     fp_event_kick(&b->done);
 }
-static inline int fp_board_take_attention(fp_board_t *b) { return fp_xchg32_acqrel(&b->attention, 0) != 0; }
+static inline int fp_board_take_attention(fp_board_t *b)
+{
+    return fp_xchg32_acqrel(&b->attention, 0) != 0;
+}
 static inline void fp_board_kick(fp_board_t *b) { fp_event_kick(&b->done); }
 static inline void fp_boardv_want(fp_boardv_t *v, int delta)
 {
@@ -206,16 +222,18 @@ static inline void fp_boardv_want(fp_boardv_t *v, int delta)
 }
 static inline int fp_boardv_wanted(fp_boardv_t *v) { return fp_load32_acquire(&v->want) != 0; }
 
-static inline fp_ring_t *fp_board_ring_at(fp_board_t *b, uint32_t nslots, uint64_t cap, uint32_t i, int dir)
+static inline fp_ring_t *fp_board_ring_at(fp_board_t *b, uint32_t nslots, uint64_t cap, uint32_t i,
+                                          int dir)
 {
-    uint64_t off = fp_board_rings_offset(nslots) + (2ull * i + (uint64_t)dir) * fp_board_ring_stride(cap);
+    uint64_t off =
+        fp_board_rings_offset(nslots) + (2ull * i + (uint64_t)dir) * fp_board_ring_stride(cap);
     return (fp_ring_t *)((unsigned char *)b + off);
 }
 
 /* Fills v from geometry this process knows (tasks/results arrays supplied by
  * the caller, nslots each).  parent: 1 in the pool's process, 0 in a worker. */
-static inline int fp_boardv_init(fp_boardv_t *v, fp_board_t *b, uint64_t mapped, uint32_t nslots, uint64_t cap,
-                                 fp_ringv_t *tasks, fp_ringv_t *results, int parent)
+static inline int fp_boardv_init(fp_boardv_t *v, fp_board_t *b, uint64_t mapped, uint32_t nslots,
+                                 uint64_t cap, fp_ringv_t *tasks, fp_ringv_t *results, int parent)
 {
     uint64_t size = fp_board_size(nslots, cap);
     if (size == 0 || size > mapped)
@@ -228,8 +246,10 @@ static inline int fp_boardv_init(fp_boardv_t *v, fp_board_t *b, uint64_t mapped,
     v->results = results;
     fp_store32_relaxed(&v->want, 0);
     for (uint32_t i = 0; i < nslots; i++) {
-        if (fp_ringv_init(&tasks[i], fp_board_ring_at(b, nslots, cap, i, 0), cap, parent) != FP_OK ||
-            fp_ringv_init(&results[i], fp_board_ring_at(b, nslots, cap, i, 1), cap, !parent) != FP_OK)
+        if (fp_ringv_init(&tasks[i], fp_board_ring_at(b, nslots, cap, i, 0), cap,
+                          parent) != FP_OK ||
+            fp_ringv_init(&results[i], fp_board_ring_at(b, nslots, cap, i, 1), cap,
+                          !parent) != FP_OK)
             return FP_CORRUPT;
     }
     return FP_OK;
@@ -270,7 +290,8 @@ static inline void fp_boardv_restore_header(const fp_boardv_t *v)
 
 /* A worker's attach: the header is read once into *nslots and *cap, and the
  * copy is what gets checked (and used from then on). */
-static inline int fp_board_check(const fp_board_t *b, uint64_t mapped, uint32_t *nslots, uint64_t *cap)
+static inline int fp_board_check(const fp_board_t *b, uint64_t mapped, uint32_t *nslots,
+                                 uint64_t *cap)
 {
     const volatile fp_board_t *h = (const volatile fp_board_t *)b;
     if (mapped < sizeof(fp_board_t))

@@ -9,7 +9,8 @@
 /* Task ring.  Kinds below 16 are tasks: the worker records them in
  * slot.current (fp_slot_start) before it consumes the record. */
 enum {
-    FP_K_CALL = 1,        /* fn(*args): payload = [fn pickle] + pickled args tuple (empty: no args) */
+    /* fn(*args): payload = [fn pickle] + pickled args tuple (empty: no args) */
+    FP_K_CALL = 1,
     FP_K_CALLKW = 2,      /* fn(*args, **kwargs): [fn pickle] + pickled (args, kwargs) */
     FP_K_CHUNK = 3,       /* [fn(x) for x in items]: [fn pickle] + pickled items list */
     FP_K_STARCHUNK = 4,   /* [fn(*x) for x in items] */

@@ -75,9 +75,15 @@ typedef struct {
     uint64_t pos;         /* this side's own position: tail (producer) or head (consumer) */
 } fp_ringv_t;
 
-static inline unsigned char *fp_ring_data(fp_ring_t *r) { return (unsigned char *)r + sizeof(fp_ring_t); }
+static inline unsigned char *fp_ring_data(fp_ring_t *r)
+{
+    return (unsigned char *)r + sizeof(fp_ring_t);
+}
 
-static inline uint64_t fp_rec_size(uint64_t len) { return sizeof(fp_rec_t) + ((len + 7u) & ~(uint64_t)7u); }
+static inline uint64_t fp_rec_size(uint64_t len)
+{
+    return sizeof(fp_rec_t) + ((len + 7u) & ~(uint64_t)7u);
+}
 
 /* capacity/2 so an empty ring always fits one; UINT32_MAX because len is 32-bit. */
 static inline uint64_t fp_ring_max_record_for(uint64_t cap)
@@ -93,7 +99,10 @@ static inline int fp_ring_capacity_ok(uint64_t cap) { return cap >= 4096 && cap 
  * pages, and the restart (whose skipped bytes stay in use until the consumer
  * passes them) still leaves at least this much room, so a producer can queue
  * many records ahead of its consumer right after one. */
-static inline uint64_t fp_ring_restart_bytes(uint64_t cap) { return cap / 2 < (1u << 20) ? cap / 2 : (1u << 20); }
+static inline uint64_t fp_ring_restart_bytes(uint64_t cap)
+{
+    return cap / 2 < (1u << 20) ? cap / 2 : (1u << 20);
+}
 
 /* Only while neither side is running (a fresh board, or a dead peer). */
 static inline void fp_ring_init(fp_ring_t *r, uint64_t capacity)
@@ -128,7 +137,10 @@ static inline void fp_ringv_reset(fp_ringv_t *v)
 }
 
 /* Consumer: is there nothing to read? (tail is the producer's; any change counts) */
-static inline int fp_ringv_empty(fp_ringv_t *v) { return fp_load64_acquire(&v->hdr->tail) == v->pos; }
+static inline int fp_ringv_empty(fp_ringv_t *v)
+{
+    return fp_load64_acquire(&v->hdr->tail) == v->pos;
+}
 
 static inline void *fp_ringv_header(fp_ringv_t *v) { return v->hdr; }
 
@@ -143,7 +155,8 @@ typedef struct {
     uint32_t len;
 } fp_resv_t;
 
-static inline int fp_ringv_reserve(fp_ringv_t *v, uint64_t len, fp_resv_t *out, unsigned char **payload)
+static inline int fp_ringv_reserve(fp_ringv_t *v, uint64_t len, fp_resv_t *out,
+                                   unsigned char **payload)
 {
     uint64_t cap = v->cap;
     if (len > v->max_record)
@@ -171,8 +184,8 @@ static inline int fp_ringv_reserve(fp_ringv_t *v, uint64_t len, fp_resv_t *out, 
 
 /* Publishes a reserved record.  notify: wake a parked consumer now (0 lets the
  * caller batch several records behind one fp_ringv_notify). */
-static inline void fp_ringv_commit(fp_ringv_t *v, const fp_resv_t *res, uint32_t kind, uint64_t task_id,
-                                   uint64_t aux, int notify)
+static inline void fp_ringv_commit(fp_ringv_t *v, const fp_resv_t *res, uint32_t kind,
+                                   uint64_t task_id, uint64_t aux, int notify)
 {
     uint64_t cap = v->cap;
     if (res->skip >= sizeof(fp_rec_t)) {
@@ -199,7 +212,8 @@ static inline void fp_ringv_notify(fp_ringv_t *v) { fp_event_notify(&v->hdr->dat
 /* Gathers up to two buffers into one record (a function's pickle and its
  * arguments' travel separately, so neither is concatenated in Python). */
 static inline int fp_ringv_push2(fp_ringv_t *v, uint32_t kind, uint64_t task_id, uint64_t aux,
-                                 const void *a, uint64_t alen, const void *b, uint64_t blen, int notify)
+                                 const void *a, uint64_t alen, const void *b, uint64_t blen,
+                                 int notify)
 {
     fp_resv_t res;
     unsigned char *dst;
@@ -296,7 +310,8 @@ static inline void fp_ringv_release(fp_ringv_t *v, uint64_t next)
  * spin_ns, then park on the data eventcount until timeout_ns.  A non-NULL
  * stop word that becomes non-zero also ends the wait.  Returns 1 if there is
  * something to read. */
-static inline int fp_ringv_wait_data(fp_ringv_t *v, fp_a32 *stop, int64_t timeout_ns, int64_t spin_ns)
+static inline int fp_ringv_wait_data(fp_ringv_t *v, fp_a32 *stop, int64_t timeout_ns,
+                                     int64_t spin_ns)
 {
     fp_spin_t sp;
     fp_spin_init(&sp);

@@ -64,7 +64,8 @@ static inline int fp_shm_privatise(int fd, void *addr, uint64_t size, int prot)
 static inline int fp_shm_dup(int fd, int min_fd, int *out)
 {
     int d = fcntl(fd, F_DUPFD_CLOEXEC, min_fd);
-    if (d < 0 && (errno == EINVAL || errno == EMFILE)) /* min_fd over RLIMIT_NOFILE, or none free above it */
+    /* min_fd over RLIMIT_NOFILE, or none free above it */
+    if (d < 0 && (errno == EINVAL || errno == EMFILE))
         d = fcntl(fd, F_DUPFD_CLOEXEC, 3);
     if (d < 0)
         return FP_ERRNO;

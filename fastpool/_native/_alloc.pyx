@@ -261,10 +261,12 @@ def install(Arena arena not None, min_bytes=MIN_BYTES, cap_bytes=None):
     (region 0), RuntimeError when another arena's hook blocks are still alive
     in this process or another NEP 49 handler is current, MemoryError when the
     bookkeeping cannot be allocated."""
-    global _v, _own_top, _held, _blocks, _closed, _fd, _recs, _lo, _hi, _proc, _pid, _min_bytes, _cap
+    global _v, _own_top, _held, _blocks, _closed, _fd, _recs
+    global _lo, _hi, _proc, _pid, _min_bytes, _cap
     global _serving, _arena, _capsule, _prev_capsule, _prev, _numpy_ready
     if arena.proc == 0:
-        raise ValueError("the parent never allocates NumPy arrays in the arena: they are the user's")
+        raise ValueError(
+            "the parent never allocates NumPy arrays in the arena: they are the user's")
     if arena.closed:
         raise ValueError("this arena is closed")
     if not _numpy_ready:

@@ -35,8 +35,8 @@ cdef extern from "fp_arena.h" nogil:
     const char *fp_arena_damage_text(int why)
     uint64_t fp_arena_size(uint32_t nprocs, uint64_t region_size)
     uint64_t fp_arena_align(uint64_t n, uint64_t a)
-    int fp_arena_init(void *base, uint64_t mapped, uint32_t nprocs, uint64_t region_size, uint64_t budget,
-                      uint64_t token, fp_arena_view_t *v)
+    int fp_arena_init(void *base, uint64_t mapped, uint32_t nprocs, uint64_t region_size,
+                      uint64_t budget, uint64_t token, fp_arena_view_t *v)
     int fp_arena_check(const fp_arena_t *head, uint64_t file_size)
     int fp_arena_attach(const fp_arena_t *head, void *base, uint64_t mapped, fp_arena_view_t *v)
     int fp_arena_walk_begin(fp_arena_walk_t *w, const fp_arena_view_t *v, uint32_t r)
@@ -45,20 +45,24 @@ cdef extern from "fp_arena.h" nogil:
     int fp_arena_alloc(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, fp_arena_blk_t *out,
                        uint64_t *fresh_len, uint64_t *own_top, fp_arena_damage_t *dmg)
     int fp_arena_alloc_capped(const fp_arena_view_t *v, uint32_t p, uint64_t nbytes, uint64_t cap,
-                              fp_arena_blk_t *out, uint64_t *fresh_len, uint64_t *own_top, fp_arena_damage_t *dmg)
-    void fp_arena_unbump(const fp_arena_view_t *v, uint32_t p, const fp_arena_blk_t *blk, uint64_t *own_top)
-    int fp_arena_ref(const fp_arena_view_t *v, uint32_t p, uint64_t off, uint64_t gen, fp_arena_blk_t *out,
-                     fp_arena_damage_t *dmg)
+                              fp_arena_blk_t *out, uint64_t *fresh_len, uint64_t *own_top,
+                              fp_arena_damage_t *dmg)
+    void fp_arena_unbump(const fp_arena_view_t *v, uint32_t p, const fp_arena_blk_t *blk,
+                         uint64_t *own_top)
+    int fp_arena_ref(const fp_arena_view_t *v, uint32_t p, uint64_t off, uint64_t gen,
+                     fp_arena_blk_t *out, fp_arena_damage_t *dmg)
     int fp_arena_unref(const fp_arena_view_t *v, uint32_t p, uint64_t off)
     int fp_arena_count(const fp_arena_view_t *v, uint32_t p, uint64_t off, uint32_t *out)
     int fp_arena_is_free(const fp_arena_view_t *v, uint64_t off, int *out)
-    int fp_arena_check_region(const fp_arena_view_t *v, uint32_t r, uint64_t *nblocks, fp_arena_damage_t *dmg)
-    int fp_arena_reclaim(const fp_arena_view_t *v, uint32_t p, uint64_t *held, fp_arena_damage_t *dmg)
+    int fp_arena_check_region(const fp_arena_view_t *v, uint32_t r, uint64_t *nblocks,
+                              fp_arena_damage_t *dmg)
+    int fp_arena_reclaim(const fp_arena_view_t *v, uint32_t p, uint64_t *held,
+                         fp_arena_damage_t *dmg)
     int fp_arena_held(const fp_arena_view_t *v, uint32_t p, uint64_t *bytes, fp_arena_damage_t *dmg)
     int fp_arena_usage(const fp_arena_view_t *v, uint64_t *live, uint64_t *idle, uint64_t *nlive,
                        fp_arena_damage_t *dmg)
-    int fp_arena_reset_region(const fp_arena_view_t *v, uint32_t r, uint64_t keep_below, uint64_t *quarantined,
-                              fp_arena_damage_t *dmg)
+    int fp_arena_reset_region(const fp_arena_view_t *v, uint32_t r, uint64_t keep_below,
+                              uint64_t *quarantined, fp_arena_damage_t *dmg)
 
 
 cdef enum:
@@ -71,8 +75,10 @@ cdef class Arena:
     cdef fp_arena_view_t _v      # private geometry, checked once; base NULL once unmapped
     cdef void *_ro               # a read-only mapping for readonly blocks, made on first use
     cdef uint64_t _own_top       # this process's record of its own region's top (fp_arena_alloc)
-    cdef uint32_t *_held         # per page of the own region: Blocks of this process starting there (calloc, lazy)
-    cdef uint64_t *_seen_end     # per region: where the furthest block this process ever referenced ends
+    cdef uint32_t *_held         # per page of the own region: Blocks of this process starting
+                                 # there (calloc, lazy)
+    cdef uint64_t *_seen_end     # per region: where the furthest block this process ever
+                                 # referenced ends
     cdef int _fd
     cdef readonly uint32_t proc
     cdef readonly uint64_t token
@@ -104,7 +110,8 @@ cdef class Block:
     cdef Arena arena
     cdef readonly uint64_t off
     cdef readonly uint64_t gen
-    cdef readonly uint64_t nbytes    # the data bytes, from one checked read: fixed for the Block's life
+    cdef readonly uint64_t nbytes    # the data bytes, from one checked read: fixed for the
+                                     # Block's life
     cdef readonly bint readonly
     cdef readonly bint fresh         # alloc bumped it: never used, its pages zero (the kernel's)
     cdef bint _own                   # in this process's own region: counted in arena._held

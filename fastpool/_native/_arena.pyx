@@ -55,8 +55,8 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT
 from fastpool import errors
 
 from fastpool._native._sys cimport (
-    EINVAL, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FP_CORRUPT, FP_ERRNO, FP_OK, PROT_READ, PROT_WRITE,
-    close, errno, fallocate, madvise, munmap,
+    EINVAL, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FP_CORRUPT, FP_ERRNO, FP_OK, PROT_READ,
+    PROT_WRITE, close, errno, fallocate, madvise, munmap,
 )
 from fastpool._native._shm cimport (
     FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map, fp_shm_privatise,
@@ -115,7 +115,8 @@ cdef object _status_error(Arena a, int rc, const fp_arena_damage_t *d, uint64_t 
         return OSError(errno, os.strerror(errno))
     text = fp_arena_damage_text(d.why).decode()
     if d.region >= a._v.nprocs:
-        return errors.SegmentCorrupt(f"no shared block at arena offset {d.at}: {text} (read {d.value})")
+        return errors.SegmentCorrupt(
+            f"no shared block at arena offset {d.at}: {text} (read {d.value})")
     return errors.RegionCorrupt(d.region, f"{text} (read {d.value})", d.at)
 
 
@@ -147,9 +148,9 @@ def geometry(nworkers, budget):
     cap -= cap % FP_ARENA_PAGE
     if budget > cap:
         raise ValueError(
-            f"arena_bytes={budget} is too large for {nworkers} workers: each of the {nprocs} processes gets "
-            f"a region of address space as large as the budget, and together they may span at most "
-            f"{FP_ARENA_MAX_BYTES >> 40} TiB; pass at most {cap} ({cap >> 30} GiB)")
+            f"arena_bytes={budget} is too large for {nworkers} workers: each of the {nprocs} "
+            f"processes gets a region of address space as large as the budget, and together "
+            f"they may span at most {FP_ARENA_MAX_BYTES >> 40} TiB; pass at most {cap} ({cap >> 30} GiB)")
     region = (budget + FP_ARENA_PAGE - 1) // FP_ARENA_PAGE * FP_ARENA_PAGE
     return nprocs, region, fp_arena_size(nprocs, region)
 
@@ -181,8 +182,8 @@ cdef class Arena:
         cdef void *p = NULL
         if fp_shm_create(name.encode(), size, &fd, &p) != FP_OK:
             raise errors.SharedMemoryError(
-                f"cannot create the shared arena ({size} bytes of address space): {os.strerror(errno)}; "
-                "pass a smaller Pool(arena_bytes=...)")
+                f"cannot create the shared arena ({size} bytes of address space): "
+                f"{os.strerror(errno)}; pass a smaller Pool(arena_bytes=...)")
         token = random.getrandbits(63) | 1
         if fp_arena_init(p, size, nprocs, region, budget, token, &self._v) != FP_OK:
             munmap(p, size)  # unreachable: geometry() checked the same bounds
@@ -213,7 +214,8 @@ cdef class Arena:
             raise errors.SegmentCorrupt("the shared arena's magic or layout version does not match "
                                         "this fastpool build")
         if proc >= self._v.nprocs:
-            raise errors.SegmentCorrupt(f"process index {proc} is outside the arena's {self._v.nprocs}")
+            raise errors.SegmentCorrupt(
+                f"process index {proc} is outside the arena's {self._v.nprocs}")
         if fp_shm_dup(fd, FP_SHM_FD_FLOOR, &own) != FP_OK:
             raise OSError(errno, f"cannot duplicate the shared arena's fd: {os.strerror(errno)}")
         if fp_shm_map(own, self._v.total_size, PROT_READ | PROT_WRITE, &p) != FP_OK:
@@ -361,7 +363,8 @@ cdef class Arena:
         blk._own = (b.off - self._v.regions_offset) // self._v.region_size == self.proc
         if blk._own:
             if self._held == NULL:  # sparse: only pages of it that index used blocks cost memory
-                self._held = <uint32_t *>calloc(self._v.region_size // FP_ARENA_PAGE, sizeof(uint32_t))
+                self._held = <uint32_t *>calloc(self._v.region_size // FP_ARENA_PAGE,
+                                                sizeof(uint32_t))
             if self._held != NULL:
                 self._held[(b.off - self._own_base()) // FP_ARENA_PAGE] += 1
         self._blocks += 1
@@ -409,8 +412,11 @@ cdef class Arena:
         elif self._holds_any(b.off, b.size):
             # Handing it out would put two arrays on the same bytes.
             fp_arena_unref(&self._v, self.proc, b.off)
-            raise errors.RegionCorrupt(self.proc, "a free block covers one this process still holds (its counts were "
-                                "zeroed, or a size was forged)", b.off - self._own_base())
+            raise errors.RegionCorrupt(
+                self.proc,
+                "a free block covers one this process still holds (its counts were "
+                "zeroed, or a size was forged)",
+                b.off - self._own_base())
         blk = self._block(&b, False)
         blk.fresh = fresh_len != 0
         return blk
@@ -436,10 +442,11 @@ cdef class Arena:
     def _nospace(self, uint64_t nbytes, str why):
         u = self._usage(False)
         return errors.SharedMemoryError(
-            f"cannot place {_mib(nbytes)} in the pool's shared memory: {_mib(u['live_bytes'])} of its "
-            f"{_mib(u['budget_bytes'])} budget is in use by live arrays, {_mib(u['free_bytes'])} is free "
-            f"in freed blocks{'; ' + why if why else ''}. Drop shared arrays you no longer need, or "
-            "create the pool with a larger Pool(arena_bytes=...) (default: half the available memory, "
+            f"cannot place {_mib(nbytes)} in the pool's shared memory: "
+            f"{_mib(u['live_bytes'])} of its {_mib(u['budget_bytes'])} budget is in use by "
+            f"live arrays, {_mib(u['free_bytes'])} is free in freed blocks"
+            f"{'; ' + why if why else ''}. Drop shared arrays you no longer need, or create the "
+            "pool with a larger Pool(arena_bytes=...) (default: half the available memory, "
             "at most 64 GiB); in a container, raise its memory limit")
 
     cpdef Block ref(self, uint64_t off, uint64_t gen, bint readonly):
@@ -562,7 +569,8 @@ cdef class Arena:
             raise ValueError(f"the arena has regions 0 to {self._v.nprocs - 1}, not {region}")
         if self.proc != PARENT and region != self.proc:
             raise ValueError("only the parent resets another process's region")
-        fp_arena_reset_region(&self._v, region, self._seen_end[region] if self._seen_end != NULL else 0, &q, &d)
+        fp_arena_reset_region(&self._v, region,
+                              self._seen_end[region] if self._seen_end != NULL else 0, &q, &d)
         if region == self.proc:
             self._own_top = FP_ARENA_TOP_UNKNOWN
         return q

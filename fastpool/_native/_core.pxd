@@ -42,8 +42,8 @@ cdef extern from "fp_board.h" nogil:
     uint64_t fp_board_size(uint32_t nslots, uint64_t cap)
     int fp_board_init(fp_board_t *b, uint32_t nslots, uint64_t cap)
     int fp_board_check(const fp_board_t *b, uint64_t mapped, uint32_t *nslots, uint64_t *cap)
-    int fp_boardv_init(fp_boardv_t *v, fp_board_t *b, uint64_t mapped, uint32_t nslots, uint64_t cap,
-                       fp_ringv_t *tasks, fp_ringv_t *results, int parent)
+    int fp_boardv_init(fp_boardv_t *v, fp_board_t *b, uint64_t mapped, uint32_t nslots,
+                       uint64_t cap, fp_ringv_t *tasks, fp_ringv_t *results, int parent)
     fp_slot_t *fp_boardv_slot(const fp_boardv_t *v, uint32_t i)
     fp_ringv_t *fp_boardv_tasks(const fp_boardv_t *v, uint32_t i)
     fp_ringv_t *fp_boardv_results(const fp_boardv_t *v, uint32_t i)
@@ -58,8 +58,8 @@ cdef extern from "fp_board.h" nogil:
     void fp_boardv_want(fp_boardv_t *v, int delta)
     int fp_boardv_wanted(fp_boardv_t *v)
     void fp_slot_reset(fp_slot_t *s)
-    void fp_slot_info(fp_slot_t *s, uint32_t *state, uint32_t *pid, uint64_t *current, uint64_t *heartbeat,
-                      uint64_t *served)
+    void fp_slot_info(fp_slot_t *s, uint32_t *state, uint32_t *pid, uint64_t *current,
+                      uint64_t *heartbeat, uint64_t *served)
     uint64_t fp_slot_current(fp_slot_t *s)
     void fp_slot_set_state(fp_slot_t *s, uint32_t state, uint32_t pid)
     void fp_slot_beat(fp_slot_t *s)
@@ -96,7 +96,8 @@ cdef class Board:
     cdef uint64_t current_of(self, int slot) noexcept
     cdef int skip_task(self, int slot, uint64_t seq, uint64_t task_id) noexcept
     # worker side: the serving loop's hot path
-    cdef int next_task(self, int slot, fp_recv_t *out, int64_t timeout_ns, int64_t spin_ns) noexcept nogil
+    cdef int next_task(self, int slot, fp_recv_t *out, int64_t timeout_ns,
+                       int64_t spin_ns) noexcept nogil
     cdef bint start_task(self, int slot, uint64_t task_id) noexcept
     cdef void release_task(self, int slot, uint64_t nxt) noexcept
     cdef void finish(self, int slot, bint ran) noexcept

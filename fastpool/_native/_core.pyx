@@ -31,8 +31,8 @@ from fastpool._native._shm cimport (
     FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map, fp_shm_privatise,
 )
 from fastpool._native._sys cimport (
-    FP_AGAIN, FP_CORRUPT, FP_ERRNO, FP_INTR, FP_OK, FP_TIMEOUT, FP_TOOBIG, PROT_READ, PROT_WRITE, close,
-    errno, munmap,
+    FP_AGAIN, FP_CORRUPT, FP_ERRNO, FP_INTR, FP_OK, FP_TIMEOUT, FP_TOOBIG, PROT_READ, PROT_WRITE,
+    close, errno, munmap,
 )
 
 SLOT_EMPTY = FP_SLOT_EMPTY
@@ -74,7 +74,8 @@ cdef int check(int rc, str what) except -1:
 def ring_limit_error(str what, Py_ssize_t nbytes, uint64_t limit, str advice=""):
     """The error for a pickled call or result over a ring's record limit."""
     return errors.SerializationError(
-        what, f"its pickle is {nbytes} bytes, over the ring limit of {limit} bytes (ring_bytes / 2); "
+        what,
+        f"its pickle is {nbytes} bytes, over the ring limit of {limit} bytes (ring_bytes / 2); "
         + (advice or "pass large arrays through shared memory (pool.share, pool.empty) or raise "
            "Pool(ring_bytes=...)"))
 
@@ -84,7 +85,8 @@ def check_ring_bytes(ring_bytes):
     if not isinstance(ring_bytes, int) or isinstance(ring_bytes, bool):
         raise TypeError(f"ring_bytes must be an int, not {type(ring_bytes).__name__}")
     if ring_bytes < MIN_RING_BYTES or ring_bytes % 4096 or ring_bytes > MAX_RING_BYTES:
-        raise ValueError(f"ring_bytes must be a multiple of 4096 from 64 KiB to 8 GiB, not {ring_bytes}; "
+        raise ValueError(f"ring_bytes must be a multiple of 4096 from 64 KiB to 8 GiB, "
+                         f"not {ring_bytes}; "
                          "it is per ring, sparse, and one record may be up to half of it")
 
 
@@ -122,7 +124,8 @@ cdef class Board:
         cdef uint64_t size = fp_board_size(nslots, ring_capacity)
         cdef int fd = -1
         cdef void *p = NULL
-        check(fp_shm_create(name.encode(), size, &fd, &p), f"creating the shared board ({size} bytes)")
+        check(fp_shm_create(name.encode(), size, &fd, &p),
+              f"creating the shared board ({size} bytes)")
         self._base, self._size, self._fd = p, size, fd
         check(fp_board_init(<fp_board_t *>self._base, nslots, ring_capacity), "board init")
         self._views(nslots, ring_capacity, True)
@@ -235,7 +238,8 @@ cdef class Board:
     cdef int push_task(self, int slot, uint32_t kind, uint64_t task_id, uint64_t aux,
                        const char *a, Py_ssize_t alen, const char *b, Py_ssize_t blen) noexcept:
         """FP_OK, FP_AGAIN (full), FP_TOOBIG or FP_CORRUPT (the worker wrote the head)."""
-        return fp_ringv_push2(fp_boardv_tasks(self._v, slot), kind, task_id, aux, a, alen, b, blen, 1)
+        return fp_ringv_push2(fp_boardv_tasks(self._v, slot), kind, task_id, aux,
+                              a, alen, b, blen, 1)
 
     cdef int peek_result(self, int slot, fp_recv_t *out) noexcept:
         return fp_ringv_peek(fp_boardv_results(self._v, slot), out)
@@ -259,8 +263,8 @@ cdef class Board:
         on slot's task ring.  False if the ring is full or broken (the caller kills
         the worker instead)."""
         self._ok(slot)
-        cdef int rc = self.push_task(slot, kind, tag, 0, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
-                                     NULL, 0)
+        cdef int rc = self.push_task(slot, kind, tag, 0, PyBytes_AS_STRING(payload),
+                                     PyBytes_GET_SIZE(payload), NULL, 0)
         if rc == FP_TOOBIG:
             raise ring_limit_error("a control record", PyBytes_GET_SIZE(payload), self.max_record)
         return rc == FP_OK
@@ -327,7 +331,8 @@ cdef class Board:
 
     # ---- worker side ---------------------------------------------------------------
 
-    cdef int next_task(self, int slot, fp_recv_t *out, int64_t timeout_ns, int64_t spin_ns) noexcept nogil:
+    cdef int next_task(self, int slot, fp_recv_t *out, int64_t timeout_ns,
+                       int64_t spin_ns) noexcept nogil:
         """Waits (up to timeout_ns, spinning spin_ns first) and peeks the next task record."""
         cdef fp_ringv_t *r = fp_boardv_tasks(self._v, slot)
         cdef int rc = fp_ringv_peek(r, out)
@@ -368,8 +373,9 @@ cdef class Board:
             with nogil:
                 fp_ringv_wait_space(r, seen, 50000000)
         if rc == FP_TOOBIG:
-            raise ring_limit_error(f"the result of task {task_id}", n, self.max_record,
-                                   "return large arrays through a shared array (pool.empty) instead")
+            raise ring_limit_error(
+                f"the result of task {task_id}", n, self.max_record,
+                "return large arrays through a shared array (pool.empty) instead")
         check(rc, "push result")
         fp_board_notify_parent(fp_boardv_board(self._v))
         return 1

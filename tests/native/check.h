@@ -35,42 +35,42 @@ static inline uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-#define CHECK_FAIL_()                                                                                        \
-    do {                                                                                                     \
-        fflush(stdout);                                                                                      \
-        fflush(stderr);                                                                                      \
-        _exit(1);                                                                                            \
+#define CHECK_FAIL_()                                                                              \
+    do {                                                                                           \
+        fflush(stdout);                                                                            \
+        fflush(stderr);                                                                            \
+        _exit(1);                                                                                  \
     } while (0)
 
-#define CHECK(cond)                                                                                          \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond);                         \
-            CHECK_FAIL_();                                                                                   \
-        }                                                                                                    \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond);               \
+            CHECK_FAIL_();                                                                         \
+        }                                                                                          \
     } while (0)
 
 /* CHECKF(cond, fmt, ...): CHECK plus context (a seed, an iteration). */
-#define CHECKF(cond, ...)                                                                                    \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);                         \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-            CHECK_FAIL_();                                                                                   \
-        }                                                                                                    \
+#define CHECKF(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            CHECK_FAIL_();                                                                         \
+        }                                                                                          \
     } while (0)
 
 /* Integer equality that prints both sides; status codes are negative, so
  * compare the bits and print them signed. */
-#define CHECK_EQ(a, b)                                                                                       \
-    do {                                                                                                     \
-        unsigned long long check_a_ = (unsigned long long)(a), check_b_ = (unsigned long long)(b);           \
-        if (check_a_ != check_b_) {                                                                          \
-            fprintf(stderr, "%s:%d: CHECK_EQ(%s, %s) failed: %lld != %lld\n", __FILE__, __LINE__, #a, #b,    \
-                    (long long)check_a_, (long long)check_b_);                                               \
-            CHECK_FAIL_();                                                                                   \
-        }                                                                                                    \
+#define CHECK_EQ(a, b)                                                                             \
+    do {                                                                                           \
+        unsigned long long check_a_ = (unsigned long long)(a), check_b_ = (unsigned long long)(b); \
+        if (check_a_ != check_b_) {                                                                \
+            fprintf(stderr, "%s:%d: CHECK_EQ(%s, %s) failed: %lld != %lld\n", __FILE__, __LINE__,  \
+                    #a, #b, (long long)check_a_, (long long)check_b_);                             \
+            CHECK_FAIL_();                                                                         \
+        }                                                                                          \
     } while (0)
 
 typedef struct {
@@ -95,9 +95,12 @@ static inline void check_register_(const char *name, void (*fn)(void))
 
 /* Registration by constructor, so a TEST cannot be written and then left out
  * of a hand-kept list; test_native.py finds the same names with a regex. */
-#define TEST(name)                                                                                           \
-    static void name(void);                                                                                  \
-    __attribute__((constructor)) static void name##_register_(void) { check_register_(#name, name); }       \
+#define TEST(name)                                                                                 \
+    static void name(void);                                                                        \
+    __attribute__((constructor)) static void name##_register_(void)                                \
+    {                                                                                              \
+        check_register_(#name, name);                                                              \
+    }                                                                                              \
     static void name(void)
 
 static inline int check_main(int argc, char **argv)

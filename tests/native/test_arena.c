@@ -75,7 +75,8 @@ static int t_check(fp_arena_view_t *a, uint64_t mapped)
 }
 
 /* The calls in the shape most claims below were written in. */
-static int t_alloc(fp_arena_view_t *a, uint32_t p, uint64_t nbytes, uint64_t *off, uint64_t *fo, uint64_t *fl)
+static int t_alloc(fp_arena_view_t *a, uint32_t p, uint64_t nbytes, uint64_t *off, uint64_t *fo,
+                   uint64_t *fl)
 {
     fp_arena_blk_t b = {0, 0, 0};
     fp_arena_damage_t d;
@@ -95,7 +96,8 @@ static int t_ref(fp_arena_view_t *a, uint32_t p, uint64_t off, uint64_t gen)
     fp_arena_damage_t d;
     int rc = fp_arena_ref(a, p, off, gen, &b, &d);
     if (rc == FP_OK)
-        CHECK(b.off == off && b.gen == gen && b.size == fp_load64_acquire(&fp_arena_block(a, off)->size));
+        CHECK(b.off == off && b.gen == gen &&
+              b.size == fp_load64_acquire(&fp_arena_block(a, off)->size));
     return rc;
 }
 
@@ -125,7 +127,8 @@ static int t_valid(fp_arena_view_t *a, uint64_t off)
 {
     uint32_t r;
     uint64_t in;
-    return fp_arena_locate(a, off, &r, &in, NULL) == FP_OK && fp_arena_block(a, off)->magic == FP_BLOCK_MAGIC;
+    return fp_arena_locate(a, off, &r, &in, NULL) == FP_OK &&
+           fp_arena_block(a, off)->magic == FP_BLOCK_MAGIC;
 }
 
 static void t_unbump(fp_arena_view_t *a, uint32_t p, uint64_t off)
@@ -135,10 +138,22 @@ static void t_unbump(fp_arena_view_t *a, uint32_t p, uint64_t off)
 }
 
 static uint64_t hdr(fp_arena_view_t *a) { return fp_arena_hdr_size(a->nprocs); }
-static uint64_t need_of(fp_arena_view_t *a, uint64_t nbytes) { return fp_arena_align(hdr(a) + (nbytes ? nbytes : 1), PAGE); }
-static uint64_t top_of(fp_arena_view_t *a, uint32_t p) { return fp_load64_acquire(fp_arena_top(a, p)); }
-static uint64_t size_of(fp_arena_view_t *a, uint64_t off) { return fp_load64_acquire(&fp_arena_block(a, off)->size); }
-static uint64_t gen_of(fp_arena_view_t *a, uint64_t off) { return fp_load64_acquire(&fp_arena_block(a, off)->gen); }
+static uint64_t need_of(fp_arena_view_t *a, uint64_t nbytes)
+{
+    return fp_arena_align(hdr(a) + (nbytes ? nbytes : 1), PAGE);
+}
+static uint64_t top_of(fp_arena_view_t *a, uint32_t p)
+{
+    return fp_load64_acquire(fp_arena_top(a, p));
+}
+static uint64_t size_of(fp_arena_view_t *a, uint64_t off)
+{
+    return fp_load64_acquire(&fp_arena_block(a, off)->size);
+}
+static uint64_t gen_of(fp_arena_view_t *a, uint64_t off)
+{
+    return fp_load64_acquire(&fp_arena_block(a, off)->gen);
+}
 static unsigned char *data_of(fp_arena_view_t *a, uint64_t off) { return a->base + off + hdr(a); }
 
 /* alloc that must succeed; returns the offset, and checks the fresh range. */
@@ -162,16 +177,19 @@ static uint64_t walk(fp_arena_view_t *a, uint64_t *nfree, uint64_t *sum_top)
     uint64_t nblocks = 0, free_ = 0, tops = 0;
     for (uint32_t r = 0; r < a->nprocs; r++) {
         uint64_t base = fp_arena_region(a, r), top = top_of(a, r);
-        CHECKF(top <= a->region_size && top % PAGE == 0, "region %u top %llu", r, (unsigned long long)top);
+        CHECKF(top <= a->region_size && top % PAGE == 0, "region %u top %llu", r,
+               (unsigned long long)top);
         uint64_t off = base;
         while (off < base + top) {
             fp_block_t *b = fp_arena_block(a, off);
             uint64_t s = size_of(a, off);
             CHECKF(b->magic == FP_BLOCK_MAGIC, "region %u block at +%llu: bad magic", r,
                    (unsigned long long)(off - base));
-            CHECKF(b->owner == r, "region %u block at +%llu: owner %u", r, (unsigned long long)(off - base), b->owner);
-            CHECKF(s >= PAGE && s % PAGE == 0 && off + s <= base + top, "region %u block at +%llu: size %llu", r,
-                   (unsigned long long)(off - base), (unsigned long long)s);
+            CHECKF(b->owner == r, "region %u block at +%llu: owner %u", r,
+                   (unsigned long long)(off - base), b->owner);
+            CHECKF(s >= PAGE && s % PAGE == 0 && off + s <= base + top,
+                   "region %u block at +%llu: size %llu", r, (unsigned long long)(off - base),
+                   (unsigned long long)s);
             CHECK(gen_of(a, off) >= 1);
             free_ += fp_block_free(a, b);
             nblocks++;
@@ -225,19 +243,27 @@ TEST(arena_init_refuses_bad_geometry)
     fp_arena_view_t *a = arena_map(NPROCS, REGION, &size);
     fp_arena_view_t v;
     unsigned char *m = a->base;
-    CHECK_EQ(fp_arena_init(m, size, 1, REGION, REGION, 1, &v), FP_CORRUPT);                     /* under 2 processes */
-    CHECK_EQ(fp_arena_init(m, size, FP_ARENA_MAX_PROCS + 1, REGION, REGION, 1, &v), FP_CORRUPT); /* over the max */
+    /* under 2 processes */
+    CHECK_EQ(fp_arena_init(m, size, 1, REGION, REGION, 1, &v), FP_CORRUPT);
+    /* over the max */
+    CHECK_EQ(fp_arena_init(m, size, FP_ARENA_MAX_PROCS + 1, REGION, REGION, 1, &v), FP_CORRUPT);
     CHECK_EQ(fp_arena_init(m, size, NPROCS, 0, REGION, 1, &v), FP_CORRUPT);
-    CHECK_EQ(fp_arena_init(m, size, NPROCS, REGION + 8, REGION, 1, &v), FP_CORRUPT); /* not a page multiple */
-    CHECK_EQ(fp_arena_init(m, size, NPROCS, PAGE, REGION, 1, &v), FP_OK);            /* one block per region */
+    /* not a page multiple */
+    CHECK_EQ(fp_arena_init(m, size, NPROCS, REGION + 8, REGION, 1, &v), FP_CORRUPT);
+    /* one block per region */
+    CHECK_EQ(fp_arena_init(m, size, NPROCS, PAGE, REGION, 1, &v), FP_OK);
     memset(m, 0, sizeof(fp_arena_t));
-    CHECK_EQ(fp_arena_init(m, size - 1, NPROCS, REGION, REGION, 1, &v), FP_CORRUPT); /* mapping too small */
+    /* mapping too small */
+    CHECK_EQ(fp_arena_init(m, size - 1, NPROCS, REGION, REGION, 1, &v), FP_CORRUPT);
     /* regions that together pass FP_ARENA_MAX_BYTES (or wrap 64 bits) */
-    CHECK_EQ(fp_arena_init(m, UINT64_MAX, NPROCS, FP_ARENA_MAX_BYTES / NPROCS, REGION, 1, &v), FP_CORRUPT);
-    CHECK_EQ(fp_arena_init(m, UINT64_MAX, NPROCS, (UINT64_MAX / NPROCS + 1) & ~(uint64_t)(PAGE - 1), 1, 1, &v),
+    CHECK_EQ(fp_arena_init(m, UINT64_MAX, NPROCS, FP_ARENA_MAX_BYTES / NPROCS, REGION, 1, &v),
+             FP_CORRUPT);
+    CHECK_EQ(fp_arena_init(m, UINT64_MAX, NPROCS, (UINT64_MAX / NPROCS + 1) & ~(uint64_t)(PAGE - 1),
+                           1, 1, &v),
              FP_CORRUPT);
     CHECK_EQ(fp_arena_size(NPROCS, UINT64_MAX & ~(uint64_t)(PAGE - 1)), 0);
-    CHECK_EQ(fp_arena_size(FP_ARENA_MAX_PROCS, PAGE), 0); /* a header of 1024 counters needs two pages */
+    /* a header of 1024 counters needs two pages */
+    CHECK_EQ(fp_arena_size(FP_ARENA_MAX_PROCS, PAGE), 0);
     CHECK(fp_arena_size(FP_ARENA_MAX_PROCS, 2 * PAGE) != 0);
     CHECK_EQ(H(a)->magic, 0); /* a refused init publishes nothing */
     CHECK_EQ(t_check(a, size), FP_CORRUPT);
@@ -298,11 +324,13 @@ TEST(arena_alloc_bumps_page_aligned_blocks_in_its_own_region)
     uint64_t size = 0;
     fp_arena_view_t *a = arena_new(NPROCS, REGION, NPROCS * (uint64_t)REGION, &size);
     uint64_t h = hdr(a);
-    static const uint64_t sizes[] = {0, 1, 100, PAGE - 64 /* hdr + n == PAGE */, PAGE - 63, 3 * PAGE, 200000};
+    static const uint64_t sizes[] = {0, 1, 100, PAGE - 64 /* hdr + n == PAGE */,
+                                     PAGE - 63, 3 * PAGE, 200000};
     enum { N = sizeof(sizes) / sizeof(sizes[0]) };
     uint64_t off[N];
     for (uint32_t p = 0; p < NPROCS; p += 3) { /* regions 0 and 3 */
-        uint64_t base = fp_arena_region(a, p), expect = base, committed0 = fp_load64_acquire(&H(a)->committed);
+        uint64_t base = fp_arena_region(a, p), expect = base,
+                 committed0 = fp_load64_acquire(&H(a)->committed);
         for (int i = 0; i < N; i++) {
             uint64_t fl = 0;
             off[i] = must_alloc(a, p, sizes[i], &fl);
@@ -373,7 +401,8 @@ TEST(arena_alloc_reports_nospace_when_the_region_is_full)
 TEST(arena_alloc_reports_nospace_when_the_budget_is_spent)
 {
     uint64_t size = 0;
-    fp_arena_view_t *a = arena_new(NPROCS, 64 * PAGE, 10 * PAGE, &size); /* budget: 10 pages, all regions */
+    /* budget: 10 pages, all regions */
+    fp_arena_view_t *a = arena_new(NPROCS, 64 * PAGE, 10 * PAGE, &size);
     uint64_t off = 0, fo = 0, fl = 0;
     for (int i = 0; i < 4; i++)
         must_alloc(a, 0, 1, NULL);
@@ -622,7 +651,8 @@ TEST(arena_reclaim_drops_every_reference_of_one_process)
             if (i < 3 && r != 1)
                 CHECK_EQ(t_ref(a, 1, blk[r][i], g), FP_OK);
             if (r != 2 && i >= 3)
-                fp_arena_unref(a, r, blk[r][i]); /* the owner lets go: only 2 (and maybe 1) hold it */
+                /* the owner lets go: only 2 (and maybe 1) hold it */
+                fp_arena_unref(a, r, blk[r][i]);
             expect_held++;
         }
     CHECK_EQ(t_reclaim(a, 2), expect_held);
@@ -635,7 +665,8 @@ TEST(arena_reclaim_drops_every_reference_of_one_process)
             int owner_holds = r != 2 && i < 3; /* process 2 was region 2's owner */
             int one_holds = i < 3 && r != 1;
             CHECK_EQ(t_count(a, 1, o), one_holds + (r == 1 && i < 3));
-            CHECKF(fp_block_free(a, fp_arena_block(a, o)) == !(owner_holds || one_holds), "r=%u i=%d", r, i);
+            CHECKF(fp_block_free(a, fp_arena_block(a, o)) == !(owner_holds || one_holds),
+                   "r=%u i=%d", r, i);
         }
     CHECK_EQ(nfree, 2 * NPROCS); /* blocks 3 and 4 of every region */
     CHECK_EQ(t_reclaim(a, 2), 0); /* twice is harmless */
@@ -692,7 +723,8 @@ TEST(arena_procs_concurrent_refs_on_shared_blocks_add_up)
 {
     uint64_t size = 0;
     fp_arena_view_t *a = arena_new(CPROCS, REGION, REGION * CPROCS, &size);
-    cctl_t *ctl = mmap(NULL, sizeof(cctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cctl_t *ctl =
+        mmap(NULL, sizeof(cctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(ctl != MAP_FAILED);
     uint64_t off[CBLOCKS], gen[CBLOCKS];
     for (int j = 0; j < CBLOCKS; j++) {
@@ -752,15 +784,16 @@ TEST(arena_procs_concurrent_refs_on_shared_blocks_add_up)
                 pid_t got = waitpid(kids[i], &status, WNOHANG);
                 CHECK(got >= 0);
                 if (got == kids[i]) {
-                    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %u: status %#x", i, status);
+                    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %u: status %#x", i,
+                           status);
                     kids[i] = 0;
                 } else {
                     live++;
                 }
             }
     }
-    printf("[%llu child ops, %llu parent allocs] ", (unsigned long long)fp_load64_relaxed(&ctl->ops),
-           (unsigned long long)churn);
+    printf("[%llu child ops, %llu parent allocs] ",
+           (unsigned long long)fp_load64_relaxed(&ctl->ops), (unsigned long long)churn);
     CHECK_EQ(fp_load64_relaxed(&ctl->ops), (uint64_t)(CPROCS - 1) * CITERS);
     for (int j = 0; j < CBLOCKS; j++) {
         CHECK_EQ(t_count(a, 0, off[j]), 1);
@@ -846,7 +879,8 @@ TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
 {
     uint64_t size = 0;
     fp_arena_view_t *a = arena_new(KPROCS, KREGION, KREGION * KPROCS, &size);
-    kctl_t *ctl = mmap(NULL, sizeof(kctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    kctl_t *ctl =
+        mmap(NULL, sizeof(kctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(ctl != MAP_FAILED);
     for (int j = 0; j < KPARENT; j++) {
         ctl->poff[j] = must_alloc(a, 0, 5000u * (uint64_t)(j + 1), NULL);
@@ -871,7 +905,8 @@ TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
         }
         CHECK(kill(pid, SIGKILL) == 0);
         int status = reap(pid, 5000 * MS);
-        CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "round %d: child status %#x", round, status);
+        CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "round %d: child status %#x",
+               round, status);
         total_ops += fp_load64_relaxed(&ctl->ops);
 
         total_reclaimed += t_reclaim(a, 1);
@@ -884,8 +919,8 @@ TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
         /* region 1 held only the child's references: all free now */
         uint64_t base = fp_arena_region(a, 1);
         for (uint64_t o = base; o < base + top_of(a, 1); o += size_of(a, o))
-            CHECKF(fp_block_free(a, fp_arena_block(a, o)), "round %d: block +%llu still held", round,
-                   (unsigned long long)(o - base));
+            CHECKF(fp_block_free(a, fp_arena_block(a, o)), "round %d: block +%llu still held",
+                   round, (unsigned long long)(o - base));
         for (int j = 0; j < KPARENT; j++) {
             CHECK_EQ(t_count(a, 0, ctl->poff[j]), 1);
             CHECK_EQ(t_count(a, 1, ctl->poff[j]), 0);
@@ -916,7 +951,8 @@ TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
         }
         CHECK_EQ(rc, FP_NOSPACE);
         CHECKF(ngot * 3 * PAGE + 3 * PAGE > KREGION - FP_ARENA_MIN_SPLIT,
-               "round %d: only %llu blocks of 3 pages fit in the region", round, (unsigned long long)ngot);
+               "round %d: only %llu blocks of 3 pages fit in the region", round,
+               (unsigned long long)ngot);
         for (uint64_t k = 0; k < ngot; k++) {
             CHECK_EQ(data_of(a, got[k])[0], (unsigned char)((k + 1) & 0xff));
             CHECK_EQ(data_of(a, got[k])[3 * PAGE - hdr(a) - 1], (unsigned char)((k + 1) & 0xff));
@@ -924,8 +960,10 @@ TEST(arena_procs_killed_allocator_is_reclaimed_and_the_chain_stays_whole)
         }
         walk(a, NULL, NULL);
     }
-    printf("[%llu child ops over %d kills, %llu references reclaimed, committed off after %llu kills] ",
-           (unsigned long long)total_ops, KROUNDS, (unsigned long long)total_reclaimed, (unsigned long long)drift);
+    printf("[%llu child ops over %d kills, %llu references reclaimed, "
+           "committed off after %llu kills] ",
+           (unsigned long long)total_ops, KROUNDS, (unsigned long long)total_reclaimed,
+           (unsigned long long)drift);
     munmap(ctl, sizeof(kctl_t));
     arena_free(a, size);
 }
@@ -954,8 +992,10 @@ TEST(arena_stale_descriptor_of_a_merged_block_is_refused)
      * of the old, freed y, and must not pin anything now */
     memset(data_of(a, x), 0x11, 100);
     int rc = t_ref(a, 1, y, gy);
-    CHECKF(rc == FP_STALE || rc == FP_CORRUPT, "ref of the absorbed block y returned %d (FP_OK: a count was "
-           "added inside x's data at +%llu)", rc, (unsigned long long)(y - x + sizeof(fp_block_t) + 4));
+    CHECKF(rc == FP_STALE || rc == FP_CORRUPT,
+           "ref of the absorbed block y returned %d (FP_OK: a count was "
+           "added inside x's data at +%llu)",
+           rc, (unsigned long long)(y - x + sizeof(fp_block_t) + 4));
     arena_free(a, size);
 }
 
@@ -992,8 +1032,8 @@ TEST(arena_generation_never_repeats_at_an_offset_after_merge_and_split)
     CHECK_EQ(must_alloc(a, 0, 1, NULL), big);
     CHECK_EQ(size_of(a, t), 64 * PAGE);
     uint64_t regen = gen_of(a, t);
-    printf("[gen at the tail: %llu before, %llu after the new split] ", (unsigned long long)stale_gen,
-           (unsigned long long)regen);
+    printf("[gen at the tail: %llu before, %llu after the new split] ",
+           (unsigned long long)stale_gen, (unsigned long long)regen);
     /* new allocations at t, until one carries the old generation again */
     int matched = 0;
     for (int i = 0; i < 20 && !matched; i++) {
@@ -1004,8 +1044,8 @@ TEST(arena_generation_never_repeats_at_an_offset_after_merge_and_split)
             fp_arena_unref(a, 0, t);
     }
     CHECKF(!matched && regen > stale_gen,
-           "generation at +%llu went back from %llu to %llu; the stale descriptor (t, %llu) was accepted by a "
-           "different allocation (the %d-th after the split)",
+           "generation at +%llu went back from %llu to %llu; the stale descriptor (t, %llu) "
+           "was accepted by a different allocation (the %d-th after the split)",
            (unsigned long long)(t - big), (unsigned long long)stale_gen, (unsigned long long)regen,
            (unsigned long long)stale_gen, matched);
     arena_free(a, size);
@@ -1050,8 +1090,10 @@ typedef struct {
 TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
 {
     uint64_t size = 0;
-    fp_arena_view_t *a = arena_new(8, PAGE, 8 * PAGE, &size); /* one block per region: reuse every time */
-    rctl_t *ctl = mmap(NULL, sizeof(rctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    /* one block per region: reuse every time */
+    fp_arena_view_t *a = arena_new(8, PAGE, 8 * PAGE, &size);
+    rctl_t *ctl =
+        mmap(NULL, sizeof(rctl_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(ctl != MAP_FAILED);
     uint64_t x = must_alloc(a, 0, 1, NULL);
     fp_store64_release(&ctl->gen, gen_of(a, x));
@@ -1069,7 +1111,8 @@ TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
             fp_add64_relaxed(&ctl->refs_ok, 1);
             /* The parent writes a new stamp into the data each time alloc hands the
              * block out: under our reference it must never change. */
-            fp_a64 *stamp = (fp_a64 *)((unsigned char *)fp_arena_block(a, x) + fp_arena_hdr_size(a->nprocs));
+            fp_a64 *stamp =
+                (fp_a64 *)((unsigned char *)fp_arena_block(a, x) + fp_arena_hdr_size(a->nprocs));
             uint64_t d0 = fp_load64_acquire(stamp);
             for (int k = 0; k < 64; k++)
                 if (fp_load64_acquire(stamp) != d0) {
@@ -1093,7 +1136,9 @@ TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
                 fp_cpu_relax(); /* the child holds it: wait */
             CHECK_EQ(rc, FP_OK);
             CHECK_EQ(off, x);
-            fp_add64_relaxed((fp_a64 *)((unsigned char *)fp_arena_block(a, x) + fp_arena_hdr_size(a->nprocs)), 1);
+            fp_add64_relaxed(
+                (fp_a64 *)((unsigned char *)fp_arena_block(a, x) + fp_arena_hdr_size(a->nprocs)),
+                1);
             fp_store64_release(&ctl->gen, gen_of(a, x));
             reuses++;
         }
@@ -1102,10 +1147,13 @@ TEST(arena_ref_racing_reuse_never_gets_a_reused_block)
     int status = reap(pid, 5000 * MS);
     CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
     uint64_t v = fp_load64_relaxed(&ctl->violations);
-    printf("[%llu reuses, %llu refs taken, %llu reused under a reference] ", (unsigned long long)reuses,
-           (unsigned long long)fp_load64_relaxed(&ctl->refs_ok), (unsigned long long)v);
-    CHECKF(v == 0, "%llu times the block was handed out again while process 1 held a reference it took with the "
-           "then-current gen", (unsigned long long)v);
+    printf("[%llu reuses, %llu refs taken, %llu reused under a reference] ",
+           (unsigned long long)reuses, (unsigned long long)fp_load64_relaxed(&ctl->refs_ok),
+           (unsigned long long)v);
+    CHECKF(v == 0,
+           "%llu times the block was handed out again while process 1 held a reference "
+           "it took with the then-current gen",
+           (unsigned long long)v);
     munmap(ctl, sizeof(rctl_t));
     arena_free(a, size);
 }
@@ -1163,7 +1211,8 @@ static void others_whole(dfix_t *f, int reclaimed)
         CHECK_EQ(fp_arena_check_region(f->a, r, &n, &d), FP_OK);
         for (int k = 0; k < 7000; k++)
             CHECK_EQ(data_of(f->a, f->o[r])[k], 0x70 + (int)r);
-        CHECK_EQ(t_count(f->a, 2, f->o[r]), reclaimed ? 0 : 1 + (r == 2)); /* o[2] is process 2's own */
+        /* o[2] is process 2's own */
+        CHECK_EQ(t_count(f->a, 2, f->o[r]), reclaimed ? 0 : 1 + (r == 2));
         if (r != 2)
             CHECK_EQ(t_count(f->a, r, f->o[r]), 1);
     }
@@ -1175,13 +1224,13 @@ static void expect_damage(dfix_t *f, int why, uint64_t at, uint64_t value)
     fp_arena_view_t *a = f->a;
     fp_arena_damage_t d;
     uint64_t n = 0, l = 0, i = 0, nl = 0, fl = 0, held = 0, top = top_of(a, DR);
-#define CHECK_DMG()                                                                                          \
-    do {                                                                                                     \
-        CHECK_EQ(d.region, DR);                                                                              \
-        CHECKF(d.why == why, "why %d (%s), expected %d", d.why, fp_arena_damage_text(d.why), why);            \
-        CHECK_EQ(d.at, at);                                                                                  \
-        CHECK_EQ(d.value, value);                                                                            \
-        memset(&d, 0, sizeof(d));                                                                            \
+#define CHECK_DMG()                                                                                \
+    do {                                                                                           \
+        CHECK_EQ(d.region, DR);                                                                    \
+        CHECKF(d.why == why, "why %d (%s), expected %d", d.why, fp_arena_damage_text(d.why), why); \
+        CHECK_EQ(d.at, at);                                                                        \
+        CHECK_EQ(d.value, value);                                                                  \
+        memset(&d, 0, sizeof(d));                                                                  \
     } while (0)
     CHECK_EQ(fp_arena_check_region(a, DR, &n, &d), FP_CORRUPT);
     CHECK_DMG();
@@ -1195,7 +1244,8 @@ static void expect_damage(dfix_t *f, int why, uint64_t at, uint64_t value)
     CHECK_EQ(top_of(a, DR), top); /* a refused alloc writes nothing */
     CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_CORRUPT);
     CHECK_DMG();
-    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_CORRUPT); /* twice: same report, nothing left to drop */
+    /* twice: same report, nothing left to drop */
+    CHECK_EQ(fp_arena_reclaim(a, 2, &held, &d), FP_CORRUPT);
     CHECK_DMG();
     CHECK_EQ(held, at > f->b[2] - f->base ? 1 : 0); /* region DR only up to the damage */
     others_whole(f, 1);
@@ -1208,7 +1258,8 @@ static void expect_damage(dfix_t *f, int why, uint64_t at, uint64_t value)
 
 TEST(arena_damage_top_past_the_region_end_or_unaligned)
 {
-    static const uint64_t tops[] = {REGION + PAGE, UINT64_MAX, UINT64_MAX - PAGE + 1, PAGE + 1, 3 * PAGE - 8};
+    static const uint64_t tops[] = {REGION + PAGE, UINT64_MAX, UINT64_MAX - PAGE + 1, PAGE + 1,
+                                    3 * PAGE - 8};
     for (unsigned k = 0; k < sizeof(tops) / sizeof(tops[0]); k++) {
         dfix_t f = dfix();
         fp_store64_release(fp_arena_top(f.a, DR), tops[k]);
@@ -1237,7 +1288,8 @@ TEST(arena_damage_block_size_under_a_header)
     uint64_t x = must_alloc(a, 5, 1, NULL);
     CHECK_EQ(size_of(a, x), 2 * PAGE);
     fp_store64_release(&fp_arena_block(a, x)->size, PAGE);
-    fp_store64_release(fp_arena_top(a, 5), PAGE); /* consistent with the size: only the size is wrong */
+    /* consistent with the size: only the size is wrong */
+    fp_store64_release(fp_arena_top(a, 5), PAGE);
     uint64_t n = 0;
     fp_arena_damage_t d;
     CHECK_EQ(fp_arena_check_region(a, 5, &n, &d), FP_CORRUPT);
@@ -1284,7 +1336,8 @@ TEST(arena_damage_wrapping_sizes_and_cycles)
     arena_free(f.a, f.size);
 
     f = dfix();
-    uint64_t past = top_of(f.a, DR) - (f.b[2] - f.base) + PAGE; /* one page past the top, inside the region */
+    /* one page past the top, inside the region */
+    uint64_t past = top_of(f.a, DR) - (f.b[2] - f.base) + PAGE;
     fp_store64_release(&fp_arena_block(f.a, f.b[2])->size, past);
     expect_damage(&f, FP_ARENA_BAD_PAST_TOP, f.b[2] - f.base, past);
     arena_free(f.a, f.size);
@@ -1352,13 +1405,15 @@ TEST(arena_ref_takes_the_size_once_and_refuses_an_enlarged_block)
     CHECK_EQ(fp_arena_ref(a, 0, f.b[0], f.g[0], &before, &d), FP_OK);
     uint64_t s0 = before.size;
     CHECK_EQ(s0, size_of(a, f.b[0]));
-    uint64_t bad[] = {REGION, REGION + PAGE, top_of(a, DR) + PAGE, UINT64_MAX - PAGE + 1, s0 + 1, 0};
-    int why[] = {FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP,
-                 FP_ARENA_BAD_ALIGN, FP_ARENA_BAD_SIZE};
+    uint64_t bad[] = {REGION, REGION + PAGE, top_of(a, DR) + PAGE, UINT64_MAX - PAGE + 1,
+                      s0 + 1, 0};
+    int why[] = {FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_PAST_TOP,
+                 FP_ARENA_BAD_PAST_TOP, FP_ARENA_BAD_ALIGN, FP_ARENA_BAD_SIZE};
     for (unsigned k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         fp_store64_release(&fp_arena_block(a, f.b[0])->size, bad[k]);
         CHECK_EQ(fp_arena_ref(a, 0, f.b[0], f.g[0], &b, &d), FP_CORRUPT);
-        CHECKF(d.why == why[k] && d.value == bad[k], "size %llu: why %d", (unsigned long long)bad[k], d.why);
+        CHECKF(d.why == why[k] && d.value == bad[k], "size %llu: why %d",
+               (unsigned long long)bad[k], d.why);
         CHECK_EQ(t_count(a, 0, f.b[0]), 1); /* `before`'s: a refused ref adds none */
     }
     CHECK_EQ(before.size, s0); /* a private copy: no later header write reaches it */
@@ -1375,7 +1430,8 @@ TEST(arena_ref_takes_the_size_once_and_refuses_an_enlarged_block)
 TEST(arena_offsets_outside_the_regions_are_refused_before_any_access)
 {
     uint64_t size = 0;
-    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size); /* 2-page minimum block */
+    /* 2-page minimum block */
+    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size);
     uint64_t x = must_alloc(a, 3, 1, NULL), g = gen_of(a, x);
     uint64_t bad[] = {0,
                       a->regions_offset - PAGE,
@@ -1383,8 +1439,9 @@ TEST(arena_offsets_outside_the_regions_are_refused_before_any_access)
                       a->total_size + PAGE,
                       UINT64_MAX - PAGE + 1,
                       (uint64_t)1 << 63,
-                      x + 64,                                  /* not page-aligned */
-                      fp_arena_region(a, 3) + 16 * PAGE - PAGE /* the last page: no room for a header */};
+                      x + 64, /* not page-aligned */
+                      /* the last page: no room for a header */
+                      fp_arena_region(a, 3) + 16 * PAGE - PAGE};
     for (unsigned k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         fp_arena_blk_t b;
         fp_arena_damage_t d;
@@ -1424,12 +1481,14 @@ TEST(arena_owner_notices_a_top_lowered_to_a_block_boundary)
     for (int i = 0; i < 3; i++)
         CHECK_EQ(fp_arena_alloc(a, 0, 5000, &b[i], &fl, &own, &d), FP_OK);
     CHECK_EQ(own, top_of(a, 0));
-    fp_store64_release(fp_arena_top(a, 0), b[1].off - fp_arena_region(a, 0)); /* b1, b2 fall off the chain */
+    /* b1, b2 fall off the chain */
+    fp_store64_release(fp_arena_top(a, 0), b[1].off - fp_arena_region(a, 0));
     fp_arena_blk_t c;
     CHECK_EQ(fp_arena_alloc(a, 0, 5000, &c, &fl, &own, &d), FP_CORRUPT);
     CHECK_EQ(d.why, FP_ARENA_BAD_TOP);
     CHECK_EQ(d.value, b[1].off - fp_arena_region(a, 0));
-    CHECK_EQ(fp_arena_alloc(a, 0, 5000, &c, &fl, NULL, &d), FP_OK); /* without the record: over b1 */
+    /* without the record: over b1 */
+    CHECK_EQ(fp_arena_alloc(a, 0, 5000, &c, &fl, NULL, &d), FP_OK);
     CHECK_EQ(c.off, b[1].off);
     arena_free(a, size);
 }
@@ -1443,15 +1502,18 @@ TEST(arena_alloc_capped_stops_bumps_at_the_cap_but_reuses_free_blocks)
     uint64_t fl = 0, cap = 4 * PAGE;
     fp_arena_blk_t b, c;
     fp_arena_damage_t d;
-    CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, cap, &b, &fl, NULL, &d), FP_OK); /* 3 pages committed */
+    /* 3 pages committed */
+    CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, cap, &b, &fl, NULL, &d), FP_OK);
     CHECK(fl != 0);
     CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, cap, &c, &fl, NULL, &d), FP_NOSPACE);
-    CHECK_EQ(fp_arena_alloc(a, 1, 2 * PAGE, &c, &fl, NULL, &d), FP_OK); /* the budget itself has room */
+    /* the budget itself has room */
+    CHECK_EQ(fp_arena_alloc(a, 1, 2 * PAGE, &c, &fl, NULL, &d), FP_OK);
     CHECK_EQ(fp_arena_unref(a, 1, b.off), FP_OK);
     CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, cap, &c, &fl, NULL, &d), FP_OK);
     CHECK_EQ(c.off, b.off);
     CHECK_EQ(fl, 0);
-    CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, UINT64_MAX, &c, &fl, NULL, &d), FP_OK); /* over the budget: the budget */
+    /* over the budget: the budget */
+    CHECK_EQ(fp_arena_alloc_capped(a, 1, 2 * PAGE, UINT64_MAX, &c, &fl, NULL, &d), FP_OK);
     arena_free(a, size);
 }
 
@@ -1509,7 +1571,8 @@ TEST(arena_reset_quarantines_from_the_damage_and_keeps_what_others_hold)
     uint64_t off = 0, fo = 0, fl = 0;
     int rc;
     while ((rc = t_alloc(a, DR, 3 * PAGE, &off, &fo, &fl)) == FP_OK)
-        CHECKF(off >= f.base + top, "allocated at +%llu, inside the quarantine", (unsigned long long)(off - f.base));
+        CHECKF(off >= f.base + top, "allocated at +%llu, inside the quarantine",
+               (unsigned long long)(off - f.base));
     CHECK_EQ(rc, FP_NOSPACE);
     fp_arena_unref(a, 0, f.b[0]);
     CHECK_EQ(must_alloc(a, DR, 1, NULL), f.b[0]);
@@ -1539,7 +1602,8 @@ TEST(arena_reset_with_a_garbage_top_keeps_the_chain_that_holds_together)
 TEST(arena_reset_leaves_no_block_smaller_than_a_header)
 {
     uint64_t size = 0;
-    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size); /* 2-page minimum */
+    /* 2-page minimum */
+    fp_arena_view_t *a = arena_new(FP_ARENA_MAX_PROCS, 16 * PAGE, 16 * PAGE, &size);
     uint64_t base = fp_arena_region(a, 7), got[7];
     for (int i = 0; i < 6; i++)
         got[i] = must_alloc(a, 7, 1, NULL); /* 2 pages each */
@@ -1563,7 +1627,8 @@ TEST(arena_reset_leaves_no_block_smaller_than_a_header)
     CHECK_EQ(fp_arena_check_region(a, 7, &n, &d), FP_OK);
     /* a cut one page before the region's end: no block fits there, the top moves to it */
     fp_store64_release(&fp_arena_block(a, got[6])->size, 3 * PAGE);
-    fp_store64_release(fp_arena_top(a, 7), 16 * PAGE); /* past the chain's end at 15: size 0 there */
+    /* past the chain's end at 15: size 0 there */
+    fp_store64_release(fp_arena_top(a, 7), 16 * PAGE);
     CHECK_EQ(fp_arena_reset_region(a, 7, UINT64_MAX, &q, &d), FP_OK);
     CHECK_EQ(d.why, FP_ARENA_BAD_SIZE);
     CHECK_EQ(d.at, 15 * PAGE);
@@ -1618,7 +1683,8 @@ TEST(arena_random_scribbles_never_hang_crash_or_spread)
                 if (t_alloc(a, r, x % (5 * PAGE), &off, &fo, &fl) != FP_OK)
                     break;
                 memset(data_of(a, off), 0x30 + (int)r, size_of(a, off) - hdr(a));
-                if (x & (1ull << 40) && r != 0) /* region 0's blocks stay held: their data is checked */
+                /* region 0's blocks stay held: their data is checked */
+                if (x & (1ull << 40) && r != 0)
                     fp_arena_unref(a, r, off);
                 else if (x & (1ull << 41))
                     CHECK_EQ(t_ref(a, (uint32_t)((r + 1) % NPROCS), off, gen_of(a, off)), FP_OK);
@@ -1635,11 +1701,16 @@ TEST(arena_random_scribbles_never_hang_crash_or_spread)
             uint64_t here = nb[r] ? blk[r][(x >> 12) % nb[r]] : fp_arena_region(a, r);
             switch ((x >> 20) % 5) {
             case 0: fp_store64_release(fp_arena_top(a, r), adversarial(x >> 24, 0)); break;
-            case 1: fp_store64_release(&fp_arena_block(a, here)->size, adversarial(x >> 24, here)); break;
+            case 1:
+                fp_store64_release(&fp_arena_block(a, here)->size, adversarial(x >> 24, here));
+                break;
             case 2: fp_arena_block(a, here)->magic = adversarial(x >> 24, here); break;
-            case 3: fp_store64_release(&fp_arena_block(a, here)->gen, adversarial(x >> 24, here)); break;
-            default: fp_store32_release(&fp_block_counts(fp_arena_block(a, here))[(x >> 24) % NPROCS],
-                                        (uint32_t)adversarial(x >> 28, here) | 1u);
+            case 3:
+                fp_store64_release(&fp_arena_block(a, here)->gen, adversarial(x >> 24, here));
+                break;
+            default:
+                fp_store32_release(&fp_block_counts(fp_arena_block(a, here))[(x >> 24) % NPROCS],
+                                   (uint32_t)adversarial(x >> 28, here) | 1u);
             }
         }
         /* every call, on every region and every descriptor */

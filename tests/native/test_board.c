@@ -13,7 +13,8 @@
 #include "fp_board.h"
 
 #define MS 1000000LL
-#define GUARD (16ull << 20) /* PROT_NONE after every board: a read past the end faults, sanitizer or not */
+/* PROT_NONE after every board: a read past the end faults, sanitizer or not */
+#define GUARD (16ull << 20)
 
 /* A zero-filled shared mapping, as the memfd gives the pool, followed by an
  * inaccessible guard region. */
@@ -21,7 +22,8 @@ static fp_board_t *board_map(uint32_t nslots, uint64_t cap, uint64_t *size)
 {
     *size = fp_board_size(nslots, cap);
     CHECK(*size != 0);
-    void *p = mmap(NULL, *size + GUARD, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *p = mmap(NULL, *size + GUARD, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     CHECK(p != MAP_FAILED);
     CHECK(mprotect((unsigned char *)p + *size, GUARD, PROT_NONE) == 0);
     return p;
@@ -42,8 +44,10 @@ typedef struct {
 
 static void views_init(tboard_t *t)
 {
-    fp_ringv_t *pt = calloc(t->nslots, sizeof(fp_ringv_t)), *pr = calloc(t->nslots, sizeof(fp_ringv_t));
-    fp_ringv_t *wt = calloc(t->nslots, sizeof(fp_ringv_t)), *wr = calloc(t->nslots, sizeof(fp_ringv_t));
+    fp_ringv_t *pt = calloc(t->nslots, sizeof(fp_ringv_t)),
+               *pr = calloc(t->nslots, sizeof(fp_ringv_t));
+    fp_ringv_t *wt = calloc(t->nslots, sizeof(fp_ringv_t)),
+               *wr = calloc(t->nslots, sizeof(fp_ringv_t));
     CHECK(pt && pr && wt && wr);
     CHECK_EQ(fp_boardv_init(&t->parent, t->b, t->size, t->nslots, t->cap, pt, pr, 1), FP_OK);
     CHECK_EQ(fp_boardv_init(&t->worker, t->b, t->size, t->nslots, t->cap, wt, wr, 0), FP_OK);
@@ -87,11 +91,13 @@ TEST(size_refuses_geometry_out_of_range)
     CHECK_EQ(fp_board_size(0, 8192), 0);
     CHECK_EQ(fp_board_size(FP_BOARD_MAX_SLOTS + 1, 8192), 0);
     CHECK_EQ(fp_board_size(UINT32_MAX, 8192), 0);
-    static const uint64_t bad_caps[] = {0, 8, 4088, 4095, 4097, 4100, 8196, FP_RING_MAX_CAPACITY + 8,
-                                        FP_RING_MAX_CAPACITY * 2, 1ull << 63, UINT64_MAX & ~7ull, UINT64_MAX};
+    static const uint64_t bad_caps[] = {0, 8, 4088, 4095, 4097, 4100, 8196,
+                                        FP_RING_MAX_CAPACITY + 8, FP_RING_MAX_CAPACITY * 2,
+                                        1ull << 63, UINT64_MAX & ~7ull, UINT64_MAX};
     for (size_t i = 0; i < sizeof(bad_caps) / sizeof(bad_caps[0]); i++) {
         CHECKF(fp_board_size(1, bad_caps[i]) == 0, "cap %llu", (unsigned long long)bad_caps[i]);
-        CHECKF(fp_board_size(FP_BOARD_MAX_SLOTS, bad_caps[i]) == 0, "cap %llu", (unsigned long long)bad_caps[i]);
+        CHECKF(fp_board_size(FP_BOARD_MAX_SLOTS, bad_caps[i]) == 0, "cap %llu",
+               (unsigned long long)bad_caps[i]);
     }
     CHECK(fp_board_size(1, 4096) != 0);
     CHECK(fp_board_size(FP_BOARD_MAX_SLOTS, 4096) != 0);
@@ -157,8 +163,10 @@ TEST(check_refuses_mismatches)
     uint64_t size = t->size;
     uint32_t n = 0;
     uint64_t c = 0;
-    CHECK_EQ(fp_board_check(b, size - 1, &n, &c), FP_CORRUPT);              /* mapping shorter than the board */
-    CHECK_EQ(fp_board_check(b, sizeof(fp_board_t) - 1, &n, &c), FP_CORRUPT); /* shorter than the header */
+    /* mapping shorter than the board */
+    CHECK_EQ(fp_board_check(b, size - 1, &n, &c), FP_CORRUPT);
+    /* shorter than the header */
+    CHECK_EQ(fp_board_check(b, sizeof(fp_board_t) - 1, &n, &c), FP_CORRUPT);
     CHECK_EQ(fp_board_check(b, 0, &n, &c), FP_CORRUPT);
 
     b->magic ^= 1;
@@ -195,7 +203,8 @@ TEST(check_refuses_a_total_size_that_does_not_match)
     static const int64_t deltas[] = {-4096, -8, -1, 1, 8, 4096};
     for (size_t i = 0; i < sizeof(deltas) / sizeof(deltas[0]); i++) {
         b->total_size = t->size + (uint64_t)deltas[i];
-        CHECKF(fp_board_check(b, t->size + 8192, &n, &c) == FP_CORRUPT, "delta %lld", (long long)deltas[i]);
+        CHECKF(fp_board_check(b, t->size + 8192, &n, &c) == FP_CORRUPT, "delta %lld",
+               (long long)deltas[i]);
     }
     b->total_size = 0;
     CHECK_EQ(fp_board_check(b, t->size, &n, &c), FP_CORRUPT);
@@ -209,7 +218,8 @@ TEST(check_refuses_a_total_size_that_does_not_match)
     /* geometry out of range, with the total its unchecked formula would give */
     b->nslots = FP_BOARD_MAX_SLOTS + 1;
     b->ring_capacity = 8192;
-    b->total_size = fp_board_rings_offset(FP_BOARD_MAX_SLOTS + 1) + 2ull * (FP_BOARD_MAX_SLOTS + 1) * 12288;
+    b->total_size =
+        fp_board_rings_offset(FP_BOARD_MAX_SLOTS + 1) + 2ull * (FP_BOARD_MAX_SLOTS + 1) * 12288;
     CHECK_EQ(fp_board_check(b, UINT64_MAX, &n, &c), FP_CORRUPT);
     CHECK_EQ(n, 0);
     CHECK_EQ(c, 0);
@@ -306,7 +316,8 @@ TEST(slots_and_rings_are_disjoint_and_page_aligned)
                 for (int dir = 0; dir < 2; dir++) {
                     fp_ring_t *r = fp_board_ring_at(t->b, nslots, cap, i, dir);
                     uint64_t off = (uint64_t)((unsigned char *)r - base);
-                    CHECKF(off % FP_PAGE == 0, "slot %u dir %d at %llu", i, dir, (unsigned long long)off);
+                    CHECKF(off % FP_PAGE == 0, "slot %u dir %d at %llu", i, dir,
+                           (unsigned long long)off);
                     CHECKF(off >= prev_end, "slot %u dir %d overlaps the region before", i, dir);
                     prev_end = off + sizeof(fp_ring_t) + cap;
                     CHECK(prev_end <= size);
@@ -339,11 +350,13 @@ TEST(boardv_init_refuses_bad_geometry_or_a_short_mapping)
     fp_ringv_t tv[4], rv[4];
     fp_boardv_t v;
     CHECK_EQ(fp_boardv_init(&v, t->b, t->size - 1, 2, 8192, tv, rv, 1), FP_CORRUPT);
-    CHECK_EQ(fp_boardv_init(&v, t->b, t->size, 3, 8192, tv, rv, 1), FP_CORRUPT); /* 3 slots need more */
+    /* 3 slots need more */
+    CHECK_EQ(fp_boardv_init(&v, t->b, t->size, 3, 8192, tv, rv, 1), FP_CORRUPT);
     CHECK_EQ(fp_boardv_init(&v, t->b, t->size, 0, 8192, tv, rv, 1), FP_CORRUPT);
     CHECK_EQ(fp_boardv_init(&v, t->b, t->size, 2, 8196, tv, rv, 1), FP_CORRUPT);
     CHECK_EQ(fp_boardv_init(&v, t->b, t->size, 2, 0, tv, rv, 0), FP_CORRUPT);
-    CHECK_EQ(fp_boardv_init(&v, t->b, t->size, 1, 8192, tv, rv, 0), FP_OK); /* fewer slots than mapped: fine */
+    /* fewer slots than mapped: fine */
+    CHECK_EQ(fp_boardv_init(&v, t->b, t->size, 1, 8192, tv, rv, 0), FP_OK);
     CHECK_EQ(fp_boardv_init(&v, t->b, t->size, 2, 8192, tv, rv, 0), FP_OK);
     CHECK_EQ(v.nslots, 2);
     CHECK_EQ(v.cap, 8192);
@@ -379,7 +392,8 @@ TEST(each_ring_carries_its_own_records)
         }
     uint32_t n = 0;
     uint64_t c = 0;
-    CHECK_EQ(fp_board_check(t->b, t->size, &n, &c), FP_OK); /* the rings did not write over the header */
+    /* the rings did not write over the header */
+    CHECK_EQ(fp_board_check(t->b, t->size, &n, &c), FP_OK);
     board_free(t);
 }
 
@@ -399,7 +413,8 @@ TEST(a_late_worker_view_starts_where_the_rings_are)
     CHECK_EQ(fp_boardv_init(&late, t->b, t->size, n, c, &tv, &rv, 0), FP_OK);
     pop_expect(&late.tasks[0], 2); /* not record 1 again */
     CHECK(fp_ringv_empty(&late.tasks[0]));
-    CHECK_EQ(fp_ringv_push(&late.results[0], 1, 4, 0, NULL, 0), FP_OK); /* after record 3, not over it */
+    /* after record 3, not over it */
+    CHECK_EQ(fp_ringv_push(&late.results[0], 1, 4, 0, NULL, 0), FP_OK);
     pop_expect(&t->parent.results[0], 3);
     pop_expect(&t->parent.results[0], 4);
     board_free(t);
@@ -409,7 +424,8 @@ TEST(a_board_at_the_largest_capacity_is_usable)
 {
     uint64_t cap = FP_RING_MAX_CAPACITY;
     uint64_t size = fp_board_size(1, cap);
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
     CHECK(p != MAP_FAILED);
     fp_board_t *b = p;
     CHECK_EQ(fp_board_init(b, 1, cap), FP_OK);
@@ -647,7 +663,8 @@ TEST(skip_keeps_the_latest_skip_words_requests)
         CHECK_EQ(fp_slot_skip(s, i, 100 + i), 1);
     for (uint64_t i = 0; i < n; i++) {
         int dropped = fp_slot_start(s, 100 + i);
-        CHECKF(dropped == (i >= extra), "task %llu: start said %d", (unsigned long long)(100 + i), dropped);
+        CHECKF(dropped == (i >= extra), "task %llu: start said %d", (unsigned long long)(100 + i),
+               dropped);
         fp_slot_finish(s, !dropped);
     }
     /* exactly FP_SKIP_WORDS, with seq wrapping the word index around twice */
@@ -755,16 +772,17 @@ TEST(skip_and_start_never_both_claim_a_task)
     CHECK(pthread_join(p, NULL) == 0);
     uint64_t claimed = 0, dropped = 0, requested = 0;
     for (uint64_t task = 1; task <= DEKKER_TASKS; task++) {
-        CHECKF(!d.claimed[task] || d.dropped[task], "task %llu reported not started, but the worker ran it",
+        CHECKF(!d.claimed[task] || d.dropped[task],
+               "task %llu reported not started, but the worker ran it", (unsigned long long)task);
+        CHECKF(!d.dropped[task] || d.requested[task], "task %llu dropped without a request",
                (unsigned long long)task);
-        CHECKF(!d.dropped[task] || d.requested[task], "task %llu dropped without a request", (unsigned long long)task);
         claimed += d.claimed[task];
         dropped += d.dropped[task];
         requested += d.requested[task];
     }
     printf("[%llu requests: %llu not started, %llu running, %llu finished first; %llu dropped] ",
-           (unsigned long long)requested, (unsigned long long)claimed, (unsigned long long)d.refused,
-           (unsigned long long)d.raced, (unsigned long long)dropped);
+           (unsigned long long)requested, (unsigned long long)claimed,
+           (unsigned long long)d.refused, (unsigned long long)d.raced, (unsigned long long)dropped);
     CHECK(claimed > 0); /* the run exercised the protocol at all */
     CHECK(dropped >= claimed);
     free(d.dropped);
@@ -780,8 +798,9 @@ static void check_times_out(tboard_t *t, int64_t timeout_ns, int64_t spin_ns)
     int64_t t0 = fp_now_ns();
     CHECK_EQ(fp_boardv_wait_results(&t->parent, timeout_ns, spin_ns), 0);
     int64_t took = fp_now_ns() - t0;
-    CHECKF(took >= timeout_ns && took < timeout_ns + 480 * MS, "timeout %lld spin %lld took %lld ns",
-           (long long)timeout_ns, (long long)spin_ns, (long long)took);
+    CHECKF(took >= timeout_ns && took < timeout_ns + 480 * MS,
+           "timeout %lld spin %lld took %lld ns", (long long)timeout_ns, (long long)spin_ns,
+           (long long)took);
     CHECK_EQ(fp_load32_relaxed(&t->b->done.waiters), 0); /* finish always runs */
 }
 
@@ -826,7 +845,8 @@ static void *poker(void *arg)
         unsigned char *dst = NULL;
         CHECK_EQ(fp_ringv_reserve(res, 1, &rv, &dst), FP_OK);
         dst[0] = 'x';
-        fp_ringv_commit(res, &rv, 1, 42, 0, 0); /* no ring notify: the board's is the one the parent parks on */
+        /* no ring notify: the board's is the one the parent parks on */
+        fp_ringv_commit(res, &rv, 1, 42, 0, 0);
         fp_board_notify_parent(p->t->b);
     }
     return NULL;
@@ -842,7 +862,8 @@ static void check_woken_early(int attention, int64_t spin_ns)
     CHECK_EQ(fp_boardv_wait_results(&t->parent, 5000 * MS, spin_ns), 1);
     int64_t took = fp_now_ns() - t0;
     CHECK(pthread_join(th, NULL) == 0);
-    CHECKF(took >= 25 * MS && took < 1000 * MS, "attention %d took %lld ns", attention, (long long)took);
+    CHECKF(took >= 25 * MS && took < 1000 * MS, "attention %d took %lld ns", attention,
+           (long long)took);
     CHECK_EQ(fp_load32_relaxed(&t->b->done.waiters), 0);
     board_free(t);
 }
@@ -952,7 +973,8 @@ TEST(wait_space_times_out_and_returns_at_once_when_head_moved)
     int64_t took = fp_now_ns() - t0;
     CHECKF(took >= 20 * MS && took < 500 * MS, "took %lld ns", (long long)took);
     t0 = fp_now_ns();
-    CHECK_EQ(fp_ringv_wait_space(v, 12345, 5000 * MS), 1); /* head is not where the caller last saw it */
+    /* head is not where the caller last saw it */
+    CHECK_EQ(fp_ringv_wait_space(v, 12345, 5000 * MS), 1);
     CHECK(fp_now_ns() - t0 < 100 * MS);
     CHECK_EQ(fp_load32_relaxed(&v->hdr->space.waiters), 0);
     board_free(t);

@@ -174,7 +174,8 @@ TEST(record_above_capacity_half_is_toobig)
         CHECK_EQ(push_seeded(r, 1, max + 1), FP_TOOBIG);
         fp_resv_t res;
         unsigned char *p = NULL;
-        CHECK_EQ(fp_ringv_reserve(&r->prod, UINT64_MAX, &res, &p), FP_TOOBIG); /* no overflow in the size sum */
+        /* no overflow in the size sum */
+        CHECK_EQ(fp_ringv_reserve(&r->prod, UINT64_MAX, &res, &p), FP_TOOBIG);
         CHECK(fp_ringv_empty(&r->cons)); /* a refused record leaves nothing behind */
         CHECK_EQ(push_seeded(r, 3, max), FP_OK);
         pop_expect(r, 3, max);
@@ -237,7 +238,8 @@ TEST(record_that_does_not_fit_before_the_end_goes_behind_a_pad)
     pop_expect(r, 1, 2024);
     fp_resv_t res;
     unsigned char *p = NULL;
-    CHECK_EQ(fp_ringv_reserve(&r->prod, 1500, &res, &p), FP_OK); /* 1528 bytes: only 1024 left before the end */
+    /* 1528 bytes: only 1024 left before the end */
+    CHECK_EQ(fp_ringv_reserve(&r->prod, 1500, &res, &p), FP_OK);
     CHECK_EQ(res.skip, 1024);
     CHECK_EQ(resv_offset(r, &res), 0);
     CHECK_EQ(res.pos, 4096);
@@ -462,9 +464,10 @@ static void random_run(uint64_t cap, uint64_t seed, int ops)
             uint64_t len = random_len(&rng, max);
             uint64_t need = fp_rec_size(len), off = tail % cap, to_end = cap - off;
             int empty = head == tail;
-            int fits = need <= to_end && !(empty && off >= fp_ring_restart_bytes(cap) && need <= off / 4)
-                           ? tail + need - head <= cap
-                           : tail + to_end + need - head <= cap;
+            int fits =
+                need <= to_end && !(empty && off >= fp_ring_restart_bytes(cap) && need <= off / 4)
+                    ? tail + need - head <= cap
+                    : tail + to_end + need - head <= cap;
             fp_resv_t res = {0};
             unsigned char *p = NULL;
             int rc = fp_ringv_reserve(&r->prod, len, &res, &p);
@@ -485,7 +488,8 @@ static void random_run(uint64_t cap, uint64_t seed, int ops)
             CHECK(at == off || at == 0);
             int restart = empty && off >= fp_ring_restart_bytes(cap) && need <= off / 4;
             if (restart && need <= to_end)
-                CHECKF(at == 0, "empty ring did not restart at 0, seed %llu op %d", (unsigned long long)seed, op);
+                CHECKF(at == 0, "empty ring did not restart at 0, seed %llu op %d",
+                       (unsigned long long)seed, op);
             if (at != off) {
                 CHECK(need > to_end || restart);
                 jumps += empty && need <= to_end;
@@ -517,8 +521,8 @@ static void random_run(uint64_t cap, uint64_t seed, int ops)
         CHECK(tail - head <= cap);
     }
     /* the run must have reached the corners it exists for */
-    CHECKF(jumps > 0 && pads > 0 && fulls > 0, "jumps %llu pads %llu fulls %llu", (unsigned long long)jumps,
-           (unsigned long long)pads, (unsigned long long)fulls);
+    CHECKF(jumps > 0 && pads > 0 && fulls > 0, "jumps %llu pads %llu fulls %llu",
+           (unsigned long long)jumps, (unsigned long long)pads, (unsigned long long)fulls);
     free(q);
     ring_free(r);
 }
@@ -539,7 +543,8 @@ TEST(random_sizes_match_a_reference_queue)
 TEST(record_longer_than_u32_is_refused_not_truncated)
 {
     void *mem = NULL;
-    CHECK(posix_memalign(&mem, 4096, sizeof(fp_ring_t) + 4096) == 0); /* only the first record header is touched */
+    /* only the first record header is touched */
+    CHECK(posix_memalign(&mem, 4096, sizeof(fp_ring_t) + 4096) == 0);
     fp_ring_t *r = mem;
     fp_ring_init(r, 1ull << 34);
     fp_ringv_t v;
@@ -556,7 +561,8 @@ TEST(record_longer_than_u32_is_refused_not_truncated)
     CHECK_EQ(rc, FP_TOOBIG);
     static unsigned char two[16];
     volatile uint64_t huge = UINT64_MAX - 4; /* opaque to the compiler's memcpy bound check */
-    CHECK_EQ(fp_ringv_push2(&v, KIND, 1, 0, two, huge, two, 16, 1), FP_TOOBIG); /* no wrap in the sum */
+    /* no wrap in the sum */
+    CHECK_EQ(fp_ringv_push2(&v, KIND, 1, 0, two, huge, two, 16, 1), FP_TOOBIG);
     free(mem);
 }
 
@@ -661,7 +667,8 @@ TEST(scribbled_record_headers_never_escape_the_published_bytes)
                 CHECK(rc == FP_CORRUPT || rc == FP_AGAIN);
                 break;
             }
-            CHECK(rec.payload >= fp_ring_data(r->r) && rec.payload + rec.len <= fp_ring_data(r->r) + 4096);
+            CHECK(rec.payload >= fp_ring_data(r->r) &&
+                  rec.payload + rec.len <= fp_ring_data(r->r) + 4096);
             CHECK(rec.next <= tail);
             fp_ringv_release(&r->cons, rec.next);
         }
@@ -675,8 +682,8 @@ TEST(scribbled_record_headers_never_escape_the_published_bytes)
 TEST(eight_gib_ring_wraps_past_four_gib)
 {
     uint64_t cap = FP_RING_MAX_CAPACITY;
-    void *mem = mmap(NULL, sizeof(fp_ring_t) + cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0);
+    void *mem = mmap(NULL, sizeof(fp_ring_t) + cap, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     CHECK(mem != MAP_FAILED);
     tring_t t = {.r = mem};
     fp_ring_init(t.r, cap);
@@ -704,7 +711,8 @@ TEST(eight_gib_ring_wraps_past_four_gib)
     CHECK(memcmp(rec.payload, big, sizeof(big)) == 0);
     fp_ringv_release(&t.cons, rec.next);
     CHECK(fp_ringv_empty(&t.cons));
-    CHECK_EQ(t.prod.max_record, cap / 2 - sizeof(fp_rec_t)); /* under 4 GiB: fits the 32-bit length */
+    /* under 4 GiB: fits the 32-bit length */
+    CHECK_EQ(t.prod.max_record, cap / 2 - sizeof(fp_rec_t));
     munmap(mem, sizeof(fp_ring_t) + cap);
 }
 

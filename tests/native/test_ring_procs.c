@@ -121,7 +121,8 @@ static void run_producer(uint64_t n)
     for (uint64_t seq = 0; seq < n; seq++) {
         uint64_t len = len_of(seq, max);
         for (;;) {
-            uint64_t seen = fp_load64_acquire(&v.hdr->head); /* before the reserve: no wake-up is missed */
+            /* before the reserve: no wake-up is missed */
+            uint64_t seen = fp_load64_acquire(&v.hdr->head);
             fp_resv_t res;
             unsigned char *p = NULL;
             int rc = fp_ringv_reserve(&v, len, &res, &p);
@@ -136,7 +137,8 @@ static void run_producer(uint64_t n)
             int64_t t0 = fp_now_ns();
             if (!fp_ringv_wait_space(&v, seen, PARK_NS) && fp_now_ns() - t0 >= PARK_NS)
                 fp_add64_relaxed(&ctl->producer_timeouts, 1);
-            CHECKF(fp_now_ns() < deadline, "producer stuck at record %llu", (unsigned long long)seq);
+            CHECKF(fp_now_ns() < deadline, "producer stuck at record %llu",
+                   (unsigned long long)seq);
         }
     }
     _exit(0);
@@ -144,11 +146,12 @@ static void run_producer(uint64_t n)
 
 static void verify(const fp_recv_t *rec, uint64_t expect, uint64_t max)
 {
-    CHECKF(rec->task_id == expect, "got record %llu, expected %llu", (unsigned long long)rec->task_id,
-           (unsigned long long)expect);
+    CHECKF(rec->task_id == expect, "got record %llu, expected %llu",
+           (unsigned long long)rec->task_id, (unsigned long long)expect);
     CHECK_EQ(rec->kind, KIND);
     CHECK_EQ(rec->len, len_of(expect, max));
-    CHECKF(checksum(rec->payload, rec->len, expect) == rec->aux, "record %llu damaged", (unsigned long long)expect);
+    CHECKF(checksum(rec->payload, rec->len, expect) == rec->aux, "record %llu damaged",
+           (unsigned long long)expect);
 }
 
 /* Consumes until n records (n > 0), or, with n == 0, until the parent says
@@ -181,7 +184,8 @@ static void run_consumer(uint64_t n)
                 break;
             continue;
         }
-        CHECKF(fp_now_ns() < deadline, "consumer blocked after %llu records", (unsigned long long)expect);
+        CHECKF(fp_now_ns() < deadline, "consumer blocked after %llu records",
+               (unsigned long long)expect);
         fp_add64_relaxed(&ctl->consumer_parks, 1);
         if (n) {
             /* a 0 before the timeout is a stale notify (one meant for the
@@ -190,7 +194,8 @@ static void run_consumer(uint64_t n)
             if (!fp_ringv_wait_data(&v, NULL, PARK_NS, 0) && fp_now_ns() - t0 >= PARK_NS)
                 fp_add64_relaxed(&ctl->consumer_timeouts, 1);
         } else {
-            fp_ringv_wait_data(&v, &ctl->producer_dead, 20 * MS, 0); /* short: the producer may be dead */
+            /* short: the producer may be dead */
+            fp_ringv_wait_data(&v, &ctl->producer_dead, 20 * MS, 0);
         }
     }
     if (n) { /* and nothing beyond the last record */
@@ -233,8 +238,9 @@ static int reap(pid_t pid, int64_t timeout_ns, const char *what)
 
 static void check_exited_ok(int status, const char *what)
 {
-    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: status %#x (exit %d, signal %d)", what, status,
-           WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: status %#x (exit %d, signal %d)",
+           what, status, WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+           WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
 static void clear_ctl(void) { memset(ctl, 0, sizeof(*ctl)); }
@@ -249,9 +255,9 @@ static void stream(uint64_t n)
     int cs = reap(cons, RUN_DEADLINE_NS + 5000 * MS, "consumer");
     check_exited_ok(ps, "producer");
     check_exited_ok(cs, "consumer");
-    printf("[%llu records in %lld ms; producer parked %llu times, consumer %llu times] ", (unsigned long long)n,
-           (long long)((fp_now_ns() - t0) / MS), (unsigned long long)ctl->producer_parks,
-           (unsigned long long)ctl->consumer_parks);
+    printf("[%llu records in %lld ms; producer parked %llu times, consumer %llu times] ",
+           (unsigned long long)n, (long long)((fp_now_ns() - t0) / MS),
+           (unsigned long long)ctl->producer_parks, (unsigned long long)ctl->consumer_parks);
     CHECK_EQ(fp_load64_acquire(&ctl->consumed), n);
     CHECK_EQ(fp_load64_acquire(&ctl->published), n);
     CHECK_EQ(fp_load64_acquire(&ctl->producer_timeouts), 0);
@@ -281,10 +287,12 @@ TEST(killed_producer_leaves_whole_records_and_the_ring_is_reusable)
         fp_store32_relaxed(&ctl->slow_consumer, (uint32_t)(iter % 3 == 2));
         pid_t cons = spawn(run_consumer, 0);
         pid_t prod = spawn(run_producer, UINT64_MAX);
-        sleep_ns((int64_t)(splitmix64(seed + (uint64_t)iter) % (30 * 1000)) * 1000); /* 0 to 30 ms */
+        /* 0 to 30 ms */
+        sleep_ns((int64_t)(splitmix64(seed + (uint64_t)iter) % (30 * 1000)) * 1000);
         CHECK(kill(prod, SIGKILL) == 0);
         int ps = reap(prod, 5000 * MS, "killed producer");
-        CHECKF(WIFSIGNALED(ps) && WTERMSIG(ps) == SIGKILL, "producer status %#x, iteration %d", ps, iter);
+        CHECKF(WIFSIGNALED(ps) && WTERMSIG(ps) == SIGKILL, "producer status %#x, iteration %d", ps,
+               iter);
         fp_store32_release(&ctl->producer_dead, 1);
         fp_event_kick(&ring()->data);
         int cs = reap(cons, 15000 * MS, "consumer after the producer died");
@@ -292,9 +300,11 @@ TEST(killed_producer_leaves_whole_records_and_the_ring_is_reusable)
         /* the consumer saw a prefix 0..consumed-1 (it checks order and every
          * checksum) and nothing the producer published is missing: the kill
          * may fall between a commit and the published store, never before */
-        uint64_t published = fp_load64_acquire(&ctl->published), consumed = fp_load64_acquire(&ctl->consumed);
-        CHECKF(consumed == published || consumed == published + 1, "iteration %d: published %llu consumed %llu",
-               iter, (unsigned long long)published, (unsigned long long)consumed);
+        uint64_t published = fp_load64_acquire(&ctl->published),
+                 consumed = fp_load64_acquire(&ctl->consumed);
+        CHECKF(consumed == published || consumed == published + 1,
+               "iteration %d: published %llu consumed %llu", iter, (unsigned long long)published,
+               (unsigned long long)consumed);
         fp_ringv_t v = parent_view();
         fp_recv_t rec;
         CHECK_EQ(fp_ringv_peek(&v, &rec), FP_AGAIN);
@@ -308,8 +318,8 @@ TEST(killed_producer_leaves_whole_records_and_the_ring_is_reusable)
         CHECK_EQ(fp_load32_relaxed(&ring()->data.waiters), 0);
         CHECK_EQ(fp_load32_relaxed(&ring()->space.waiters), 0);
     }
-    printf("[%llu records before the kills; producer parked at %llu of 12 kills] ", (unsigned long long)total,
-           (unsigned long long)parked_at_kill);
+    printf("[%llu records before the kills; producer parked at %llu of 12 kills] ",
+           (unsigned long long)total, (unsigned long long)parked_at_kill);
     stream(20000); /* the reset ring carries a full stream again */
     teardown();
 }
