@@ -2,9 +2,13 @@
 """A list of plain numbers as one buffer: how a map chunk of ints or floats, and a
 chunk's result list of them, cross the rings without a pickle opcode per item.
 
-    parent: pack(items) -> Numbers --pickle--> (unpack_ints, (8-byte words,)) --ring-->
-    worker: pickle.loads -> unpack_ints(words) -> the list again; fn over it
-    worker: pack(results) ... the same way back; the parent's loads rebuilds the list
+    parent: pack(items, start, stop) -> Numbers --pickle--> (unpack_ints, (words,)) --ring-->
+    worker: pickle.loads -> unpack_ints(words) -> a tuple of the items; fn over it
+    worker: pack(results) ... the same way back; the parent's loads rebuilds a tuple
+
+The map engine packs straight from the input list (no slice of it is made), and
+hands a tuple of numbers out as it is: an int or a float cannot be weakly
+referenced, so nobody can tell how long the tuple holds them.
 
 Only a list whose every item is exactly ``int`` (each within int64) or exactly
 ``float`` is packed: a bool, an int subclass, a big int, a mix of ints and
@@ -20,8 +24,8 @@ from libc.string cimport memcpy
 from cpython.ref cimport PyObject
 
 cdef extern from "Python.h":
-    object PyList_New(Py_ssize_t n)
-    void PyList_SET_ITEM(object lst, Py_ssize_t i, PyObject *o)  # steals the reference
+    object PyTuple_New(Py_ssize_t n)
+    void PyTuple_SET_ITEM(object t, Py_ssize_t i, PyObject *o)  # steals the reference
     PyObject *PyLong_FromLongLong(long long v) except NULL
     PyObject *PyFloat_FromDouble(double v) except NULL
 
@@ -36,7 +40,8 @@ MIN_ITEMS = 16
 
 
 cdef class Numbers:
-    """A packed list: pickles as a call of ``unpack_ints`` or ``unpack_floats`` on its words."""
+    """A packed list: pickles as a call of ``unpack_ints`` or ``unpack_floats`` on its
+    words; iterating it unpacks it (a chunk run where it was made, without a pickle)."""
 
     cdef readonly bytes words
     cdef readonly bint floats
@@ -44,18 +49,29 @@ cdef class Numbers:
     def __reduce__(self):
         return (unpack_floats if self.floats else unpack_ints, (self.words,))
 
+    def __len__(self):
+        return PyBytes_GET_SIZE(self.words) // 8
 
-def pack(list items):
-    """``items`` as a Numbers, or None when it is not a list of exact ints (in int64)
-    or of exact floats, or is shorter than MIN_ITEMS."""
-    cdef Py_ssize_t n = len(items), i
+    def __iter__(self):
+        return iter(unpack_floats(self.words) if self.floats else unpack_ints(self.words))
+
+
+def pack(list items, Py_ssize_t start=0, Py_ssize_t stop=-1):
+    """``items[start:stop]`` (stop -1: to the end) as a Numbers, or None when it is not
+    all exact ints (in int64) or all exact floats, or is shorter than MIN_ITEMS."""
+    cdef Py_ssize_t size = len(items), i, n
+    if stop < 0 or stop > size:
+        stop = size
+    if start < 0:
+        start = 0
+    n = stop - start
     cdef int overflow = 0
     cdef int64_t iv
     cdef double dv
     cdef char *p
     if n < MIN_ITEMS:
         return None
-    first = items[0]
+    first = items[start]
     cdef bint floats = PyFloat_CheckExact(first)
     if not floats and not PyLong_CheckExact(first):
         return None
@@ -63,14 +79,14 @@ def pack(list items):
     p = PyBytes_AS_STRING(words)
     if floats:
         for i in range(n):
-            x = items[i]
+            x = items[start + i]
             if not PyFloat_CheckExact(x):
                 return None
             dv = PyFloat_AS_DOUBLE(x)
             memcpy(p + 8 * i, &dv, 8)
     else:
         for i in range(n):
-            x = items[i]
+            x = items[start + i]
             if not PyLong_CheckExact(x):
                 return None
             iv = PyLong_AsLongLongAndOverflow(x, &overflow)
@@ -84,24 +100,24 @@ def pack(list items):
 
 
 def unpack_ints(bytes words):
-    """The list of ints packed in ``words`` (8-byte signed words, native order)."""
+    """The tuple of ints packed in ``words`` (8-byte signed words, native order)."""
     cdef const char *p = PyBytes_AS_STRING(words)
     cdef Py_ssize_t i, n = PyBytes_GET_SIZE(words) // 8
     cdef int64_t v
-    out = PyList_New(n)
+    out = PyTuple_New(n)
     for i in range(n):
         memcpy(&v, p + 8 * i, 8)
-        PyList_SET_ITEM(out, i, PyLong_FromLongLong(v))
+        PyTuple_SET_ITEM(out, i, PyLong_FromLongLong(v))
     return out
 
 
 def unpack_floats(bytes words):
-    """The list of floats packed in ``words`` (8-byte doubles, native order)."""
+    """The tuple of floats packed in ``words`` (8-byte doubles, native order)."""
     cdef const char *p = PyBytes_AS_STRING(words)
     cdef Py_ssize_t i, n = PyBytes_GET_SIZE(words) // 8
     cdef double v
-    out = PyList_New(n)
+    out = PyTuple_New(n)
     for i in range(n):
         memcpy(&v, p + 8 * i, 8)
-        PyList_SET_ITEM(out, i, PyFloat_FromDouble(v))
+        PyTuple_SET_ITEM(out, i, PyFloat_FromDouble(v))
     return out
