@@ -32,7 +32,6 @@ cdef extern from "Python.h":
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object o)
     bint PyFloat_CheckExact(object o)
-    long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
     double PyFloat_AS_DOUBLE(object o)
 
 # Below this many items one pickle opcode per item costs less than the global lookup.
@@ -65,7 +64,6 @@ def pack(list items, Py_ssize_t start=0, Py_ssize_t stop=-1):
     if start < 0:
         start = 0
     n = stop - start
-    cdef int overflow = 0
     cdef int64_t iv
     cdef double dv
     cdef char *p
@@ -89,8 +87,9 @@ def pack(list items, Py_ssize_t start=0, Py_ssize_t stop=-1):
             x = items[start + i]
             if not PyLong_CheckExact(x):
                 return None
-            iv = PyLong_AsLongLongAndOverflow(x, &overflow)
-            if overflow:
+            try:
+                iv = x  # Cython's conversion reads a small int's digit directly
+            except OverflowError:
                 return None
             memcpy(p + 8 * i, &iv, 8)
     cdef Numbers out = Numbers.__new__(Numbers)
