@@ -15,7 +15,7 @@ import _tasks
 import pytest
 
 import fastpool
-from fastpool._runtime import _codec, _numbers
+from fastpool._runtime import _codec, _mapper, _numbers
 
 N = 300  # several chunks of more than _numbers.MIN_ITEMS items at chunksize=100
 
@@ -113,3 +113,19 @@ def test_a_chunk_and_its_results_travel_as_one_buffer() -> None:
     _same(pickle.loads(result), floats)
     # a list that cannot be packed is pickled as it is
     assert b"unpack" not in _codec.encode_args(CASES["bools"], (CASES["bools"],), {})
+
+
+def test_a_list_input_is_packed_per_chunk_without_slicing_and_falls_back_per_chunk() -> None:
+    items = list(range(40)) + [True] + list(range(40))
+    chunks = _mapper.Chunks((items,), 20, _mapper.Sizing(2))
+    got = []
+    while (chunk := chunks.next()) is not None:
+        got.append(chunk)
+    assert [type(c).__name__ for c in got] == ["Numbers", "Numbers", "list", "list", "list"]
+    _same([x for c in got for x in c], items)
+
+
+def test_packed_results_are_handed_out_as_they_are() -> None:
+    results = pickle.loads(_codec.encode_result(list(range(N)))[0])
+    assert type(results) is tuple  # a tuple is handed out without popping each item
+    _same(list(_mapper.hand_out(results)), list(range(N)))
