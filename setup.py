@@ -28,6 +28,7 @@ MODULES = (
     "fastpool._native._arena",
     "fastpool._native._ndarray",
     "fastpool._native._alloc",
+    "fastpool._runtime._numbers",
     "fastpool._runtime._task",
     "fastpool._runtime._slots",
     "fastpool._runtime._dispatch",

@@ -47,6 +47,11 @@ def identity(x: Any) -> Any:
     return x
 
 
+def type_name(x: Any) -> str:
+    """The type the worker received: what a map's transport must not change."""
+    return type(x).__name__
+
+
 def pid(_: Any = None) -> int:
     """This worker's pid; the argument, if any, is ignored (for map)."""
     return os.getpid()

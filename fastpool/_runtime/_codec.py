@@ -34,12 +34,12 @@ from fastpool._native._core import (  # noqa: E402,F401
     R_READY,
     R_SKIPPED,
 )
+from fastpool._runtime import _arrays, _numbers
 from fastpool._runtime._arrays import (  # noqa: E402,F401 - the result's two ends
     PROTOCOL,
     TRANSFERRED,
     decode_result,
     encode,
-    encode_result,
 )
 
 # fn -> its pickle, or (the objects it was pickled with, pickle) for one sent by value.
@@ -165,8 +165,11 @@ def encode_args(
 ) -> bytes:
     """Pickles a call's arguments (obj: args, (args, kwargs) or a map chunk's items).
 
-    With ``arena``, arrays travel as descriptors (see ``encode``).  Raises
+    A chunk of plain ints or floats travels as one buffer (``_numbers``).  With
+    ``arena``, arrays travel as descriptors (see ``encode``).  Raises
     SerializationError naming the argument that cannot be pickled."""
+    if type(obj) is list and (packed := _numbers.pack(obj)) is not None:
+        return dumps(packed)
     try:
         return encode(obj, arena, keep)[0]
     except errors.FastPoolError:
@@ -191,6 +194,14 @@ def encode_args(
             f"{type(exc).__name__}: {exc}. Nothing was submitted; pass something picklable "
             "(or a shared array) instead",
         ) from exc
+
+
+def encode_result(result: Any, owned: Any = None) -> tuple[bytes, Any]:
+    """A worker's result (see ``_arrays.encode_result``); a chunk's result list of
+    plain ints or floats travels as one buffer (``_numbers``), with no handoffs."""
+    if type(result) is list and (packed := _numbers.pack(result)) is not None:
+        return dumps(packed), None
+    return _arrays.encode_result(result, owned)
 
 
 class RemoteTraceback(Exception):

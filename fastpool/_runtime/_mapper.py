@@ -33,7 +33,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence, cast
 
-from fastpool._runtime import _arrays
+from fastpool._runtime import _arrays, _numbers
 from fastpool._runtime._call import ChunkFailure, TaskFunction
 
 MAX_CHUNKSIZE = 8192
@@ -97,10 +97,11 @@ def window(workers: int, chunksize: int) -> int:
 
 
 class Chunks:
-    """The input of a map, cut into chunks.  A list, tuple, range or ndarray is
-    sliced (an ndarray chunk travels as one array, not a list of scalars);
-    anything else is read with islice.  ``size`` adapts to measured run time
-    when the input has no length and no chunksize was given."""
+    """The input of a map, cut into chunks.  A list of plain ints or floats is
+    packed into one buffer per chunk (``_numbers``) without slicing it; a list,
+    tuple, range or ndarray is sliced (an ndarray chunk travels as one array,
+    not a list of scalars); anything else is read with islice.  ``size`` adapts
+    to measured run time when the input has no length and no chunksize was given."""
 
     def __init__(self, iterables: tuple, chunksize: int | None, sizing: Sizing) -> None:
         self.adaptive = False
@@ -115,6 +116,7 @@ class Chunks:
         self.pos = 0
         seq = iterables[0] if len(iterables) == 1 else None
         self.seq = seq if type(seq) in (list, tuple, range) or _arrays.is_ndarray(seq) else None
+        self.numbers = type(seq) is list  # until a chunk of it is not all ints or all floats
         self.it = (
             None
             if self.seq is not None
@@ -124,8 +126,15 @@ class Chunks:
     def next(self) -> Any:
         """The next chunk, or None once the input is exhausted."""
         if self.seq is not None:
-            chunk = self.seq[self.pos : self.pos + self.size]
+            start = self.pos
             self.pos += self.size
+            if self.numbers:
+                packed = _numbers.pack(self.seq, start, self.pos)
+                if packed is not None:
+                    return packed
+                # a chunk of MIN_ITEMS or more that did not pack: stop trying
+                self.numbers = len(self.seq) - start < _numbers.MIN_ITEMS
+            chunk = self.seq[start : self.pos]
             return chunk if len(chunk) else None
         chunk = list(islice(self.it, self.size))  # type: ignore[arg-type]
         return chunk or None
@@ -273,7 +282,8 @@ def _first_done(run: MapRun, done: deque) -> Future:
 
 def hand_out(results: list) -> Iterator[Any]:
     """The items of a chunk's result list, each removed from the list as it is
-    handed out."""
+    handed out; a tuple (plain numbers from ``_numbers``, whose lifetime nobody
+    can observe) is iterated as it is."""
     # Each item leaves the list as it is handed out, so a result lives only as
     # long as the consumer keeps it (CPython's test_free_reference); popping from
     # the end of the reversed list keeps the iteration in C.

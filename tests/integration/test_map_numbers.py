@@ -1,0 +1,131 @@
+"""A map chunk of plain numbers travels as one buffer (``_runtime/_numbers``), both
+ways, and nothing about the items changes: an int stays an int, a float stays a
+float bit for bit, a bool stays a bool; big ints, subclasses and mixed lists are
+pickled as before.  Each test names what a careless fast path would break."""
+
+from __future__ import annotations
+
+import enum
+import math
+import pickle
+import struct
+from typing import Any
+
+import _tasks
+import pytest
+
+import fastpool
+from fastpool._runtime import _codec, _mapper, _numbers
+
+N = 300  # several chunks of more than _numbers.MIN_ITEMS items at chunksize=100
+
+
+class Level(enum.IntEnum):  # an int subclass: must arrive as itself
+    LOW = 1
+    HIGH = 2
+
+
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+CASES: dict[str, list[Any]] = {
+    "ints": [i * 7919 - 10**6 for i in range(N)] + [2**63 - 1, -(2**63)],
+    "floats": [i * 0.37 - 50.0 for i in range(N)] + [-0.0, math.inf, -math.inf, math.nan],
+    "bools": [i % 3 == 0 for i in range(N)],
+    "ints_then_a_bool": list(range(N)) + [True],
+    "ints_then_a_float": list(range(N)) + [1.0],
+    "floats_then_an_int": [float(i) for i in range(N)] + [1],
+    "ints_then_a_big_int": list(range(N)) + [2**63],
+    "ints_then_a_negative_big_int": list(range(N)) + [-(2**63) - 1],
+    "int_subclass": [Level.LOW, Level.HIGH] * (N // 2),
+    "ints_then_none": list(range(N)) + [None],
+}
+
+
+def _same(got: list, want: list) -> None:
+    assert [type(x) for x in got] == [type(x) for x in want]
+    for g, w in zip(got, want):
+        if type(w) is float:
+            assert _bits(g) == _bits(w)  # -0.0 and NaN too
+        else:
+            assert g == w
+    assert len(got) == len(want)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_items_reach_the_worker_and_come_back_with_their_types(
+    pool: fastpool.Pool, name: str
+) -> None:
+    items = CASES[name]
+    _same(list(pool.map(_tasks.identity, items, chunksize=100)), items)
+    names = list(pool.map(_tasks.type_name, items, chunksize=100))
+    assert names == [type(x).__name__ for x in items]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_default_chunk_size_keeps_the_types(pool: fastpool.Pool, name: str) -> None:
+    items = CASES[name]
+    _same(list(pool.map(_tasks.identity, items)), items)
+
+
+@pytest.mark.parametrize(
+    ("fn", "items"),
+    [
+        (float, list(range(N))),  # ints in, floats out
+        (int, [i + 0.5 for i in range(N)]),  # floats in, ints out
+        (bool, list(range(N))),  # ints in, bools out: not packed as ints
+        (_tasks.type_name, list(range(N))),  # ints in, strs out
+    ],
+)
+def test_results_of_another_type_keep_their_type(pool: fastpool.Pool, fn: Any, items: list) -> None:
+    _same(list(pool.map(fn, items, chunksize=100)), [fn(x) for x in items])
+
+
+def test_an_item_that_raises_keeps_the_packed_results_before_it(pool: fastpool.Pool) -> None:
+    it = pool.map(_tasks.fail_at, range(N), [150] * N, chunksize=100)
+    got = []
+    with pytest.raises(ValueError, match="item 150 is bad"):
+        for x in it:
+            got.append(x)
+    _same(got, [x * 2 for x in range(150)])
+
+
+def test_a_list_of_plain_numbers_is_packed_and_nothing_else_is() -> None:
+    for name, items in CASES.items():
+        packed = _numbers.pack(items)
+        if name in ("ints", "floats"):
+            assert packed is not None, name
+            _same(pickle.loads(pickle.dumps(packed)), items)
+        else:
+            assert packed is None, name
+    assert _numbers.pack([1] * (_numbers.MIN_ITEMS - 1)) is None
+    assert _numbers.pack([]) is None
+
+
+def test_a_chunk_and_its_results_travel_as_one_buffer() -> None:
+    ints, floats = CASES["ints"], CASES["floats"]
+    call = _codec.encode_args(ints, (ints,), {})
+    assert b"unpack_ints" in call and len(call) < 8 * len(ints) + 200
+    _same(pickle.loads(call), ints)
+    result, handed = _codec.encode_result(floats)
+    assert handed is None and b"unpack_floats" in result and len(result) < 8 * len(floats) + 200
+    _same(pickle.loads(result), floats)
+    # a list that cannot be packed is pickled as it is
+    assert b"unpack" not in _codec.encode_args(CASES["bools"], (CASES["bools"],), {})
+
+
+def test_a_list_input_is_packed_per_chunk_without_slicing_and_falls_back_per_chunk() -> None:
+    items = list(range(40)) + [True] + list(range(40))
+    chunks = _mapper.Chunks((items,), 20, _mapper.Sizing(2))
+    got = []
+    while (chunk := chunks.next()) is not None:
+        got.append(chunk)
+    assert [type(c).__name__ for c in got] == ["Numbers", "Numbers", "list", "list", "list"]
+    _same([x for c in got for x in c], items)
+
+
+def test_packed_results_are_handed_out_as_they_are() -> None:
+    results = pickle.loads(_codec.encode_result(list(range(N)))[0])
+    assert type(results) is tuple  # a tuple is handed out without popping each item
+    _same(list(_mapper.hand_out(results)), list(range(N)))
