@@ -116,6 +116,27 @@ class Template:
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
         self._owner_pid = -1
+        self._pools = 0  # connections handed out and not yet released
+        # In a worker the template serves the pools it makes and ends with the last of
+        # them: an idle interpreter per worker would outlive every nested pool.
+        self.per_pool = False
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the template (if any) is the parent's, and ``_lock`` may have
+        been held by a parent thread at the fork -- the template itself is forked inside
+        connect() -- so it would never be released here, and a pool made in a worker would
+        wait on it for ever.  A fresh lock; the child starts its own template when it
+        needs one.  The child's copy of the control socket is closed, so the template
+        sees its parent's EOF alone; the Popen is kept, not reaped here (it is not ours)."""
+        self._lock = threading.Lock()
+        if self._ctl is not None:
+            try:
+                self._ctl.close()
+            except OSError:
+                pass
+        if self._proc is not None:
+            _NOT_OURS.append(self._proc)
+        self._proc, self._ctl, self._owner_pid, self._pools = None, None, -1, 0
 
     @property
     def pid(self) -> int | None:
@@ -239,6 +260,7 @@ class Template:
                 try:
                     assert self._ctl is not None
                     _send(self._ctl, ("pool",), [theirs.fileno()])
+                    self._pools += 1
                     return mine
                 except OSError:  # it died and is not reaped yet: a new one
                     mine.close()
@@ -249,6 +271,17 @@ class Template:
                 finally:
                     theirs.close()
             raise AssertionError("unreachable")
+
+    def release(self, conn: socket.socket) -> None:
+        """Closes a connection connect() returned (the template then ends that pool's
+        workers); a per-pool template (see ``per_pool``) ends with the last one."""
+        conn.close()
+        with self._lock:
+            if self._owner_pid != os.getpid():
+                return
+            self._pools = max(0, self._pools - 1)
+            if self.per_pool and self._pools == 0:
+                self._close_locked()
 
     def _close_locked(self, timeout: float = 5.0) -> None:
         if self._ctl is not None:
@@ -275,6 +308,8 @@ FORK_MAX_RSS_BYTES = 256 << 20
 
 
 _TEMPLATE = Template()
+_NOT_OURS: list[Any] = []  # a parent's template handles a forked child must not finalise
+os.register_at_fork(after_in_child=_TEMPLATE.forget_after_fork)
 
 
 def template() -> Template:
@@ -564,6 +599,7 @@ def _spawn(
                 if os.getppid() != template_pid:
                     os._exit(0)
                 os.environ.update(env)
+                _TEMPLATE.per_pool = True  # a pool made by a task: see Template.per_pool
                 from fastpool._runtime import _worker
 
                 code = _worker.main(board_fd, slot, env, arena_fd, req)
