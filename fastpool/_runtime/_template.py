@@ -122,21 +122,12 @@ class Template:
         self.per_pool = False
 
     def forget_after_fork(self) -> None:
-        """In a forked child: the template (if any) is the parent's, and ``_lock`` may have
-        been held by a parent thread at the fork -- the template itself is forked inside
-        connect() -- so it would never be released here, and a pool made in a worker would
-        wait on it for ever.  A fresh lock; the child starts its own template when it
-        needs one.  The child's copy of the control socket is closed, so the template
-        sees its parent's EOF alone; the Popen is kept, not reaped here (it is not ours)."""
+        """In a forked child.  The template is forked inside connect(), with ``_lock``
+        held, and a worker forked from it inherits the lock held too: a pool made in a
+        task would wait on it for ever.  A fresh lock; the parent's template, if any, is
+        dropped at the child's first connect() (``_owner_pid``)."""
         self._lock = threading.Lock()
-        if self._ctl is not None:
-            try:
-                self._ctl.close()
-            except OSError:
-                pass
-        if self._proc is not None:
-            _NOT_OURS.append(self._proc)
-        self._proc, self._ctl, self._owner_pid, self._pools = None, None, -1, 0
+        self._pools = 0
 
     @property
     def pid(self) -> int | None:
@@ -308,7 +299,6 @@ FORK_MAX_RSS_BYTES = 256 << 20
 
 
 _TEMPLATE = Template()
-_NOT_OURS: list[Any] = []  # a parent's template handles a forked child must not finalise
 os.register_at_fork(after_in_child=_TEMPLATE.forget_after_fork)
 
 
