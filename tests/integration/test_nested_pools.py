@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 
 import _nested_tasks as N
 import pytest
@@ -22,14 +25,40 @@ from conftest import make_pool
 import fastpool
 
 pytestmark = pytest.mark.linux
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_a_pool_made_inside_a_task_returns_the_right_result():
-    with make_pool(1) as pool:
-        out = pool.submit(N.nested_abs, 3).result(timeout=N.RESULT_S)
-        again = pool.submit(N.nested_abs, 4).result(timeout=N.RESULT_S)  # a second one, too
-    assert out["value"] == 3 and again["value"] == 4
-    assert out["worker"] not in out["inner"]
+_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import fastpool, _nested_tasks as N
+    from fastpool._runtime import _template
+    if __name__ == "__main__":
+        with fastpool.Pool(1) as pool:
+            out = [pool.submit(N.nested_abs, x).result(timeout=N.RESULT_S) for x in (3, 4)]
+            print(type(_template.template()._proc).__name__, flush=True)
+        assert [o["value"] for o in out] == [3, 4], out
+        assert all(o["worker"] not in o["inner"] for o in out), out
+        print("ok", flush=True)
+""")
+
+
+@pytest.mark.parametrize("method, kind", [("", "_ForkedProcess"), ("spawn", "Popen")])
+def test_a_pool_made_inside_a_task_returns_the_right_result(tmp_path, method, kind):
+    # A fresh interpreter: the bug was in a *forked* template, which a process makes only
+    # while it runs one thread (never in this test session, where pools run threads).
+    script = tmp_path / "nested.py"
+    script.write_text(_SCRIPT.format(tests=TESTS_DIR))
+    env = dict(os.environ, FASTPOOL_TEMPLATE_START=method)
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=2 * N.RESULT_S,  # the parent's end also ends its template (its pidfd)
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [kind, "ok"], done.stdout
 
 
 def test_a_nested_pools_processes_are_gone_once_it_closes():

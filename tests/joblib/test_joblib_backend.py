@@ -133,12 +133,14 @@ def test_lambdas_and_closures_are_sent_by_value():
         assert Parallel()(delayed(lambda x: x + k)(i) for i in range(4)) == [3, 4, 5, 6]
 
 
-def test_a_nested_parallel_inside_a_task_runs_without_deadlock():
+def test_a_nested_parallel_inside_a_task_runs_in_a_pool_of_the_workers_own():
     with run():
         out = Parallel()(delayed(T.nested)(n) for n in (3, 4))
-    for (inner, named, warned), n in zip(out, (3, 4)):
+        outer = set(fastpool.joblib.get_pool(2).pids())
+    for (inner, named, warned, pids), n in zip(out, (3, 4)):
         assert inner == named == [i * i for i in range(n)]
-        assert any("runs sequentially" in w for w in warned)
+        assert warned == []
+        assert not set(pids) & outer and len(pids) == n  # not in the task's own worker
 
 
 def test_a_tasks_exception_keeps_its_type_and_message_and_the_pool_goes_on():
