@@ -24,7 +24,9 @@ watches a pidfd of the parent process (its socket alone is not enough: another
 child of the parent may hold a copy), kills every worker when the parent exits or
 its socket reaches EOF, and each worker has PR_SET_PDEATHSIG=SIGKILL on the
 template.  The template lives as long as its parent process (like
-multiprocessing's forkserver); ``shutdown_template()`` ends it early.
+multiprocessing's forkserver); ``shutdown_template()`` ends it early.  A pool made
+inside a task (a nested pool) gets a template of its worker's own, which ends with the
+last pool that uses it (Template.per_pool) or with the worker, whichever comes first.
 """
 
 from __future__ import annotations
