@@ -13,13 +13,34 @@ from fastpool._runtime import _template
 RESULT_S = 60
 
 
+def shared_memory_held() -> tuple[int, int]:
+    """(descriptors, mappings) of fastpool's memfds in this process."""
+    fds = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds += os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:fastpool")
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+    with open("/proc/self/maps") as f:
+        maps = sum("/memfd:fastpool" in line for line in f)
+    return fds, maps
+
+
 def nested_abs(x: int) -> dict[str, Any]:
     """abs(-x) computed by a pool made in this task; the pids of that pool's template and
-    workers (taken while it runs), and this worker's pid."""
+    workers (taken while it runs), this worker's pid, and its fastpool memfds before,
+    during and after the nested pool."""
+    before = shared_memory_held()
     with fastpool.Pool(1) as inner:
         value = inner.submit(abs, -x).result(timeout=RESULT_S)
         pids = [*inner.pids(), _template.template().pid]
-    return {"value": value, "inner": pids, "worker": os.getpid()}
+        during = shared_memory_held()
+    return {
+        "value": value,
+        "inner": pids,
+        "worker": os.getpid(),
+        "shm": [before, during, shared_memory_held()],
+    }
 
 
 def nested_then_hold(started: str, gate: str) -> int:

@@ -65,6 +65,9 @@ def test_a_nested_pools_processes_are_gone_once_it_closes():
     with make_pool(1) as pool:
         out = pool.submit(N.nested_abs, 5).result(timeout=N.RESULT_S)
         assert len(out["inner"]) == 2 and all(out["inner"])  # its worker and its template
+        before, during, after = out["shm"]
+        assert during[0] > before[0] and during[1] > before[1]  # its board and arena...
+        assert after == before  # ...closed and unmapped once it closed
         wait_gone(out["inner"])  # the task returned: its pool closed, its template too
         assert running(out["worker"])  # while the outer worker lives on
 
