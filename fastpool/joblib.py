@@ -25,7 +25,6 @@ import multiprocessing
 import sys
 import threading
 import types
-import warnings
 from concurrent.futures import CancelledError, Future
 from typing import Any, Callable, Iterator
 
@@ -46,7 +45,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from fastpool import errors
 from fastpool._integrations import _joblib_pools, _joblib_task
 from fastpool._runtime._arrays import _block_of
-from fastpool._runtime._call import CURRENT as _WORKER  # internals: keep these few, and here
 from fastpool._runtime._codec import function_bytes
 from fastpool._supervision._sizing import usable_cpus
 from fastpool.pool import Pool
@@ -94,10 +92,6 @@ def _n_workers(n_jobs: int) -> int:
     if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or n_jobs == 0:
         raise ValueError(f"n_jobs must be a non-zero int, not {n_jobs!r}")
     return n_jobs if n_jobs > 0 else max(usable_cpus() + 1 + n_jobs, 1)
-
-
-def _in_worker() -> bool:
-    return _WORKER["board"] is not None
 
 
 class _Call:
@@ -340,19 +334,11 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:
         """Workers for this n_jobs: -1 counts the CPUs this process may use (affinity and
-        cgroup quota).  1 inside a fastpool worker (a pool cannot start there), with
-        a warning.  Raises ValueError for n_jobs=0."""
+        cgroup quota).  Inside a fastpool task too: the worker then starts a pool of its
+        own (a nested pool), as loky does inside loky.  Raises ValueError for n_jobs=0."""
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
         if n_jobs is None:
-            return 1
-        if _in_worker():
-            if n_jobs != 1:
-                warnings.warn(
-                    "a fastpool-backed Parallel inside a fastpool task runs "
-                    "sequentially (n_jobs=1): a worker cannot start a pool of its own",
-                    stacklevel=3,
-                )
             return 1
         return _n_workers(n_jobs)
 

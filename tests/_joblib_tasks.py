@@ -79,13 +79,15 @@ def blas_threads() -> list[int]:
     return sorted({info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"})
 
 
-def nested(n: int) -> tuple[list[int], list[int], list[str]]:
+def nested(n: int) -> tuple[list[int], list[int], list[str], list[int]]:
     """An inner Parallel with joblib's default nested backend (threads), then one that
-    names the fastpool backend (sequential inside a worker, with a warning)."""
+    names the fastpool backend: a pool of this worker's own (a nested pool).  Also the
+    warnings they gave and the pids that ran the named call's items."""
     from joblib import Parallel, delayed
 
     inner = Parallel(n_jobs=2)(delayed(square)(i) for i in range(n))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         named = Parallel(n_jobs=2, backend="fastpool")(delayed(square)(i) for i in range(n))
-    return inner, named, [str(w.message) for w in caught]
+        pids = Parallel(n_jobs=2, backend="fastpool")(delayed(os.getpid)() for _ in range(n))
+    return inner, named, [str(w.message) for w in caught], pids

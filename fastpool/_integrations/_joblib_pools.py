@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import logging
+import os
 import threading
 import time
 from concurrent.futures import CancelledError, Future
@@ -253,3 +254,17 @@ def live_pools() -> list[Pool]:
 
 
 atexit.register(shutdown_all)  # registered after fastpool.pool's hook, so it runs first
+
+
+def _forget_after_fork() -> None:
+    # A forked child -- the user's, or a worker whose template was forked while a
+    # Parallel call made its first pool under _cond -- inherits the parent's pools
+    # disowned (see fastpool.pool), no reaper thread, and _cond perhaps held.  A nested
+    # Parallel there must start from nothing: its own pool, reaped like any other.
+    global _cond
+    _cond = threading.Condition()
+    _entries.clear()
+    _reaper.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -24,7 +24,9 @@ watches a pidfd of the parent process (its socket alone is not enough: another
 child of the parent may hold a copy), kills every worker when the parent exits or
 its socket reaches EOF, and each worker has PR_SET_PDEATHSIG=SIGKILL on the
 template.  The template lives as long as its parent process (like
-multiprocessing's forkserver); ``shutdown_template()`` ends it early.
+multiprocessing's forkserver); ``shutdown_template()`` ends it early.  A pool made
+inside a task (a nested pool) gets a template of its worker's own, which ends with the
+last pool that uses it (Template.per_pool) or with the worker, whichever comes first.
 """
 
 from __future__ import annotations
@@ -116,6 +118,18 @@ class Template:
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
         self._owner_pid = -1
+        self._pools = 0  # connections handed out and not yet released
+        # In a worker the template serves the pools it makes and ends with the last of
+        # them: an idle interpreter per worker would outlive every nested pool.
+        self.per_pool = False
+
+    def forget_after_fork(self) -> None:
+        """In a forked child.  The template is forked inside connect(), with ``_lock``
+        held, and a worker forked from it inherits the lock held too: a pool made in a
+        task would wait on it for ever.  A fresh lock; the parent's template, if any, is
+        dropped at the child's first connect() (``_owner_pid``)."""
+        self._lock = threading.Lock()
+        self._pools = 0
 
     @property
     def pid(self) -> int | None:
@@ -239,6 +253,7 @@ class Template:
                 try:
                     assert self._ctl is not None
                     _send(self._ctl, ("pool",), [theirs.fileno()])
+                    self._pools += 1
                     return mine
                 except OSError:  # it died and is not reaped yet: a new one
                     mine.close()
@@ -249,6 +264,17 @@ class Template:
                 finally:
                     theirs.close()
             raise AssertionError("unreachable")
+
+    def release(self, conn: socket.socket) -> None:
+        """Closes a connection connect() returned (the template then ends that pool's
+        workers); a per-pool template (see ``per_pool``) ends with the last one."""
+        conn.close()
+        with self._lock:
+            if self._owner_pid != os.getpid():
+                return
+            self._pools = max(0, self._pools - 1)
+            if self.per_pool and self._pools == 0:
+                self._close_locked()
 
     def _close_locked(self, timeout: float = 5.0) -> None:
         if self._ctl is not None:
@@ -275,6 +301,7 @@ FORK_MAX_RSS_BYTES = 256 << 20
 
 
 _TEMPLATE = Template()
+os.register_at_fork(after_in_child=_TEMPLATE.forget_after_fork)
 
 
 def template() -> Template:
@@ -564,6 +591,7 @@ def _spawn(
                 if os.getppid() != template_pid:
                     os._exit(0)
                 os.environ.update(env)
+                _TEMPLATE.per_pool = True  # a pool made by a task: see Template.per_pool
                 from fastpool._runtime import _worker
 
                 code = _worker.main(board_fd, slot, env, arena_fd, req)

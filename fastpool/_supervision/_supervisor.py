@@ -205,7 +205,7 @@ class Supervisor:
             self.sel.unregister(self.conn)
         except (KeyError, ValueError):
             pass
-        self.conn.close()
+        _template.template().release(self.conn)
         if self.stopping:
             return
         log.error("fastpool: the worker template exited; starting a new one")
@@ -790,7 +790,7 @@ class Supervisor:
 
     def close(self) -> None:
         self.sel.close()
-        self.conn.close()
+        _template.template().release(self.conn)
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)

@@ -135,12 +135,32 @@ def test_lambdas_and_closures_are_sent_by_value():
         assert Parallel()(delayed(lambda x: x + k)(i) for i in range(4)) == [3, 4, 5, 6]
 
 
-def test_a_nested_parallel_inside_a_task_runs_without_deadlock():
+def test_a_nested_parallel_inside_a_task_runs_in_a_pool_of_the_workers_own():
     with run():
         out = Parallel()(delayed(T.nested)(n) for n in (3, 4))
-    for (inner, named, warned), n in zip(out, (3, 4)):
+        outer = set(fastpool.joblib.get_pool(2).pids())
+    for (inner, named, warned, pids), n in zip(out, (3, 4)):
         assert inner == named == [i * i for i in range(n)]
-        assert any("runs sequentially" in w for w in warned)
+        assert warned == []
+        assert not set(pids) & outer and len(pids) == n  # not in the task's own worker
+
+
+def test_a_forked_child_starts_with_no_joblib_pool_of_its_parents():
+    from fastpool._integrations import _joblib_pools
+
+    with run():
+        assert Parallel()(delayed(T.square)(i) for i in range(4)) == [0, 1, 4, 9]
+    assert _joblib_pools.live_pools()
+    pid = os.fork()
+    if pid == 0:  # a nested Parallel in a worker starts from here: its own pool and reaper
+        code = 2
+        try:
+            alone = not _joblib_pools.live_pools() and not _joblib_pools._reaper
+            code = 0 if alone and _joblib_pools._cond.acquire(blocking=False) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_tasks_exception_keeps_its_type_and_message_and_the_pool_goes_on():
