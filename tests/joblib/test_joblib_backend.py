@@ -89,16 +89,19 @@ def test_return_as_generator_yields_in_order():
 
 
 def test_return_as_generator_unordered_yields_as_tasks_finish(tmp_path):
-    flag = str(tmp_path / "second-done")
+    gate = tmp_path / "gate"
     # both tasks must run at once: wait for two ready workers (an earlier test may have
     # left a replacement starting), else both queue behind the first on one worker
     wait_workers_ready(fastpool.joblib.get_pool(2), 2)
     with run():
-        # the first task waits for the second: unordered, the second comes out first
+        # the first task waits for a gate this test opens only once the second task's
+        # result came out: unordered, the second is yielded first
         gen = Parallel(return_as="generator_unordered", batch_size=1)(
-            [delayed(T.wait_for_file)(flag, "first"), delayed(T.create_file)(flag, "second")]
+            [delayed(T.wait_for_file)(str(gate), "first"), delayed(T.square)(7)]
         )
-        assert list(gen) == ["second", "first"]
+        assert next(gen) == 49
+        gate.touch()
+        assert list(gen) == ["first"]
 
 
 def test_require_sharedmem_falls_back_to_threads():
