@@ -186,7 +186,7 @@ typedef struct {
     fp_a32 want;         /* parent threads driving now: the collector thread stays away.
                           * Private: a word in the segment, one stray write away from a
                           * count that never returns to 0, stalled the collector for good
-                          * (issue 15, section 7). */
+                          *. */
 } fp_boardv_t;
 
 static inline fp_slot_t *fp_boardv_slot(const fp_boardv_t *v, uint32_t i)

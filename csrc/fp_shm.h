@@ -45,7 +45,7 @@ static inline int fp_shm_map(int fd, uint64_t size, int prot, void **out)
 
 /* Turns this process's shared mapping of fd at addr into a private one, in place:
  * MAP_FIXED over the same range, so every pointer into it stays valid.  For a
- * forked child (issue 15, section 4): what it writes from then on lands in pages
+ * forked child: what it writes from then on lands in pages
  * of its own (copy-on-write), never in the segment other processes map.  Pages
  * the child has not written still read the segment's current bytes. */
 static inline int fp_shm_privatise(int fd, void *addr, uint64_t size, int prot)

@@ -49,7 +49,7 @@ else:
     )
 
     # Resolved on first use (PEP 562) and then kept here, so that `import fastpool`
-    # stays cheap (issue 8, section 4). pool.py brings the parent's machinery
+    # stays cheap. pool.py brings the parent's machinery
     # (supervisor, verdicts, memory sampling, sizing, the dispatcher and
     # concurrent.futures), more than half of what the package costs to import: a
     # script pays it at its first `fastpool.Pool`, and a spawned worker template,
@@ -58,7 +58,7 @@ else:
     # stdlib base imports multiprocessing). The call, codec and template modules
     # (TaskFunction, cancelled, transfer, shutdown_template) come with the first pool
     # too: a third of the package's own import time, paid once whichever is named
-    # first (issue 16, section 4). Thread-safe: the import system serialises the
+    # first. Thread-safe: the import system serialises the
     # first import, and every thread stores the same object.
     _LAZY: dict[str, str] = {
         "TaskFunction": "fastpool._runtime._call",

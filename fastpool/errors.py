@@ -207,7 +207,7 @@ class SegmentCorrupt(FastPoolError):
 #
 # BrokenPool must be a concurrent.futures.process.BrokenProcessPool, and that module
 # imports multiprocessing.connection, tempfile, subprocess and socket: about 20 ms,
-# more than the rest of `import fastpool` (issue 8, section 4). A base is fixed when
+# more than the rest of `import fastpool`. A base is fixed when
 # its class statement runs, so the six classes below are made the first time one of
 # them is named (PEP 562 module __getattr__): when a worker dies, or when a caller
 # writes `except fastpool.WorkerCrashed` or `from fastpool.errors import BrokenPool`.

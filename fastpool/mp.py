@@ -1,7 +1,7 @@
 """``fastpool.mp.Pool``: the ``multiprocessing.Pool`` API with a ``fastpool.Pool`` underneath.
 
 Scripts written against ``multiprocessing.Pool`` run unchanged after one import
-line (issue 17, section 4; docs/multiprocessing.md).  This is an adapter over
+line (docs/multiprocessing.md).  This is an adapter over
 ``fastpool.Pool``'s public API: ``submit`` carries ``apply_async`` and ``imap``
 with ``chunksize=1``, ``Pool.map`` / ``imap_unordered`` (fastpool's one map
 engine: chunking, window, partial failure) carry every other map.

@@ -110,7 +110,7 @@ atexit.register(_shutdown_all_at_exit)
 def _disown_after_fork() -> None:
     # A forked child inherits every pool's objects but none of its threads, and the
     # workers are the parent's: the child must never stop, signal or kill them, write
-    # the board, or unmap what they use (issue 15, section 4).  Its atexit hook then
+    # the board, or unmap what they use.  Its atexit hook then
     # finds no pool, and its finalisers find closed, disowned ones.
     for rt in list(_live):
         rt.disown()

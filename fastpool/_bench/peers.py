@@ -520,7 +520,7 @@ def import_after_numpy_s() -> float:
 def spawn_reference_s() -> float:
     """A plain ``multiprocessing`` spawn of one child that imports numpy, from a new
     interpreter that has imported numpy: what any fresh-interpreter start costs here,
-    the yardstick for a first pool (issue 8, section 4)."""
+    the yardstick for a first pool."""
     code = (
         "import multiprocessing as mp, time, numpy; from fastpool._bench import tasks\n"
         "if __name__ == '__main__':\n"

@@ -100,7 +100,7 @@ cdef extern from "numpy/arrayobject.h":
 
 # owned_roots looks this deep into tuples, lists and dicts.  Dask's local scheduler
 # wraps each task's value three deep ([(key, (value, id), failed)]): 5 leaves a task's
-# own tuple or dict of arrays two levels (issue 17).  The walk visits nothing pickling
+# own tuple or dict of arrays two levels.  The walk visits nothing pickling
 # the result would not visit anyway, so depth costs only what the result holds.
 cdef enum:
     WALK_DEPTH = 5

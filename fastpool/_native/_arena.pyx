@@ -17,7 +17,7 @@ ndarray's own data holds the reference, and NumPy's free drops it.
 A Block also keeps its Arena object, hence the mapping, alive: an array used
 after its pool shut down is still plain memory, never a dangling pointer.
 
-Distrust (issue 9).  Every worker maps the whole arena read-write and runs any
+Distrust.  Every worker maps the whole arena read-write and runs any
 code, so every header may be garbage.  Each Arena keeps a private
 fp_arena_view_t (its own base and the geometry checked once at create or
 attach); the C functions take that view and read each shared length once,

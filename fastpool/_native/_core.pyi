@@ -2,7 +2,7 @@
 see into the .so.
 
 Only the Python-visible surface; the cdef methods (push_task, peek_result, ...)
-are reached from other extensions through _core.pxd.  tests/typing/test_stubs.py
+are reached from other extensions through _core.pxd.  tests/typing/test_typing.py
 checks this file against the built module (mypy's stubtest).
 """
 

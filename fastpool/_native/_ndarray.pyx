@@ -29,7 +29,7 @@ from fastpool._native._arena cimport FP_ARENA_PAGE, Arena
 # goes: a memoryview or np.frombuffer taken from it before the transfer holds
 # the object, not the Block, and still points at the block's bytes; dropping
 # the Block here let the block be reused (or unmapped) under those views
-# (issue 15, section 4).
+#.
 cdef extern from *:
     """
     #include <numpy/ndarraytypes.h>

@@ -24,7 +24,7 @@ A forked template holds the parent's Python objects, and some of them wrap file
 descriptors (a logging FileHandler's stream, a socket). ``neutralise_inherited``
 points every inherited descriptor number at /dev/null rather than closing it: a stale
 object then writes nowhere, and the number is never handed out again, so a worker's
-shared-memory mappings can never receive a stale handler's text (issue 9, section 6).
+shared-memory mappings can never receive a stale handler's text.
 It also drops the logging handlers and std streams that wrote to those descriptors.
 
 Linux only (/proc); every reader degrades to "do not fork". Not thread-safe: called

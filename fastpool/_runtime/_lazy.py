@@ -2,7 +2,7 @@
 
 ``import fastpool`` is paid by every script that mentions the package, including the
 ones that never start a pool; psutil alone costs as much as the rest of fastpool
-(issue 8, section 4). A module that needs one of these writes
+(it is imported at the first pool). A module that needs one of these writes
 
     from fastpool._runtime._lazy import psutil
 

@@ -46,7 +46,7 @@ cdef Py_ssize_t _fn_bytes_max = FN_REGISTRY_BYTES
 
 # Counters: the dispatcher's own events (supervision keeps its own), in C_* order.
 # Each name says what it counts: calls (submit) and map chunks apart, and the items of
-# the chunks that completed (issue 15, section 6: "completed: 0" beside "items: 100").
+# the chunks that completed.
 COUNTER_NAMES = ("calls_submitted", "calls_completed", "calls_failed", "calls_cancelled",
                  "chunks_submitted", "chunks_completed", "chunks_failed", "chunks_cancelled",
                  "items_completed", "unknown_replies", "bad_results", "retried", "calls_inline")
@@ -275,7 +275,7 @@ cdef class Task:
     def describe_args(self):
         """What the arguments were, for a crash record: types, array shapes and sizes,
         taken at submit.  Never decoded from the payload: a dead task's bytes may be
-        what killed its worker, and must not run in the parent (issue 15, section 1)."""
+        what killed its worker, and must not run in the parent."""
         if self.arg_facts is None:
             return f"plain values ({len(self.args)} B pickled)" if self.args else ""
         return ", ".join([_fact_text(f) for f in self.arg_facts])

@@ -162,7 +162,7 @@ class Template:
         if pid == 0:
             try:
                 # First the parent's pidfd: from here on its death is seen even when
-                # another child of it keeps our socket open (issue 9, section 5).
+                # another child of it keeps our socket open.
                 watch = _watch_parent(parent, parent)
                 # The parent's objects stay in this process but are never collected
                 # here (a finalizer could act on a descriptor it no longer owns), and

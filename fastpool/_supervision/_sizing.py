@@ -357,8 +357,8 @@ def meminfo_bytes(key: str, root: StrPath = "/") -> int | None:
 
     The same numbers as ``psutil.virtual_memory()`` (``total``, ``available``),
     which reads this file on Linux, without importing psutil: that import alone
-    costs 15-30 ms here, about as much as the rest of a first ``Pool()`` (issue 8,
-    section 4), which reads ``MemTotal`` for its default ``min_available_memory``.
+    costs 15-30 ms here, about as much as the rest of a first ``Pool()``, which reads
+    ``MemTotal`` for its default ``min_available_memory``.
     """
     text = read_or_none(Path(root) / "proc" / "meminfo")
     if text is None:

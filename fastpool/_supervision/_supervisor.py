@@ -307,7 +307,7 @@ class Supervisor:
                     # asked for, outside the worker loop's own exits between tasks, hit
                     # the oldest task held (the only one that can have started): it is
                     # judged, so a non-pure task that scribbled `current` never runs
-                    # again (issue 15, section 7).
+                    # again.
                     victim = tasks[0]
             # never started: back to the front
             fates += [(t, Fate.REQUEUE, None) for t in tasks if t is not victim]
