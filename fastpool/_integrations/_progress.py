@@ -155,7 +155,8 @@ def open_counter(
         sink = _CallSink(progress, total)
     else:
         raise TypeError(
-            f'progress must be None, True, "tqdm", "rich" or a callable(done, total), not {progress!r}'
+            'progress must be None, True, "tqdm", "rich" or a callable(done, total), '
+            f"not {progress!r}"
         )
     return Counter(sink, total)
 

@@ -150,7 +150,8 @@ def geometry(nworkers, budget):
         raise ValueError(
             f"arena_bytes={budget} is too large for {nworkers} workers: each of the {nprocs} "
             f"processes gets a region of address space as large as the budget, and together "
-            f"they may span at most {FP_ARENA_MAX_BYTES >> 40} TiB; pass at most {cap} ({cap >> 30} GiB)")
+            f"they may span at most {FP_ARENA_MAX_BYTES >> 40} TiB; "
+            f"pass at most {cap} ({cap >> 30} GiB)")
     region = (budget + FP_ARENA_PAGE - 1) // FP_ARENA_PAGE * FP_ARENA_PAGE
     return nprocs, region, fp_arena_size(nprocs, region)
 

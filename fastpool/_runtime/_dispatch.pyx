@@ -700,7 +700,8 @@ cdef class Dispatcher:
         return bool(pred())
 
     cdef object _drive_until(self, object fut, object pred, object timeout):
-        cdef double deadline = -1.0 if timeout is None else fp_now_ns() * 1e-9 + max(<double>timeout, 0.0)
+        cdef double deadline = (
+            -1.0 if timeout is None else fp_now_ns() * 1e-9 + max(<double>timeout, 0.0))
         cdef double left
         cdef unsigned long me = PyThread_get_thread_ident()
         cdef int got

@@ -1,4 +1,5 @@
-"""Why ``fastpool._native._core`` did not import, in words a user can act on.  Standard library only.
+"""Why ``fastpool._native._core`` did not import, in words a user can act on.
+Standard library only.
 
 The usual cause is shadowing: after a plain ``pip install .`` the compiled core lives
 in site-packages, but Python puts the current directory (``python -m``, ``-c``, the
@@ -26,7 +27,8 @@ _ARG_OPTIONS = "WXQ"  # python's one-letter options that take a value (-c and -m
 def launched_as_cli(
     argv: Sequence[str] | None = None, orig_argv: Sequence[str] | None = None
 ) -> bool:
-    """True while ``python [options] -m fastpool ...`` imports the package, before its __main__ runs.
+    """True while ``python [options] -m fastpool ...`` imports the package, before its
+    __main__ runs.
 
     runpy sets ``sys.argv[0]`` to ``"-m"`` while it imports the package, and the
     interpreter's own command line (``sys.orig_argv``) names the module: both must
@@ -53,7 +55,8 @@ def launched_as_cli(
 
 
 def is_source_checkout(pkg_dir: Path) -> bool:
-    """True when ``pkg_dir`` (a ``fastpool/`` directory) sits in a source tree, beside setup.py and csrc/."""
+    """True when ``pkg_dir`` (a ``fastpool/`` directory) sits in a source tree, beside
+    setup.py and csrc/."""
     root = pkg_dir.parent
     return (root / "setup.py").is_file() and (root / "csrc").is_dir()
 
@@ -63,7 +66,8 @@ def _core_files(pkg_dir: Path) -> list[Path]:
 
 
 def installed_copies(pkg_dir: Path, path: Sequence[str] | None = None) -> list[Path]:
-    """Other ``fastpool/`` directories on ``path`` (default ``sys.path``) that hold a compiled core."""
+    """Other ``fastpool/`` directories on ``path`` (default ``sys.path``) that hold a
+    compiled core."""
     here = pkg_dir.resolve()
     found: list[Path] = []
     for entry in sys.path if path is None else path:
@@ -86,8 +90,8 @@ def core_missing_message(
         return (
             f"fastpool's compiled core in {pkg_dir} failed to load ({exc}). It was probably built "
             f"for another Python or NumPy than this one (Python {sys.version.split()[0]}, expects "
-            f"_core{suffix}). Rebuild it: `pip install --force-reinstall --no-cache-dir .` from the "
-            "source tree, or `pip install -e .` in a checkout."
+            f"_core{suffix}). Rebuild it: `pip install --force-reinstall --no-cache-dir .` "
+            "from the source tree, or `pip install -e .` in a checkout."
         )
     if is_source_checkout(pkg_dir):
         root = pkg_dir.parent
@@ -98,12 +102,13 @@ def core_missing_message(
         )
         if others:
             return (
-                f"fastpool was imported from the source checkout {root}, which has no compiled core "
-                f"(_core{suffix}), instead of the installed copy in {others[0]}: {first}, so the "
-                "checkout's fastpool/ shadows the installed package. Do one of: install the checkout "
-                f"in development mode (`pip install -e .` in {root}: the core is built into the "
-                "checkout and every way of running works); run from another directory; or set "
-                "PYTHONSAFEPATH=1 (Python 3.11+), which keeps the current directory off sys.path. "
+                f"fastpool was imported from the source checkout {root}, which has no compiled "
+                f"core (_core{suffix}), instead of the installed copy in {others[0]}: {first}, so "
+                "the checkout's fastpool/ shadows the installed package. Do one of: install the "
+                f"checkout in development mode (`pip install -e .` in {root}: the core is built "
+                "into the checkout and every way of running works); run from another directory; "
+                "or set PYTHONSAFEPATH=1 (Python 3.11+), which keeps the current directory off "
+                "sys.path. "
                 f"(Python said: {exc})"
             )
         return (

@@ -230,7 +230,8 @@ def collect(workers: int | None, findings: Findings, threads_at_start: int) -> d
             f"{n} workers x {per_worker} BLAS threads = {n * per_worker} threads on {usable} "
             "usable CPUs: oversubscribed (BLAS threads fight for cores)",
             f"set {', '.join(chosen) or 'OMP_NUM_THREADS'} to {max(1, usable // n)} "
-            f"(usable CPUs // workers) or unset it, or pass Pool(blas_threads={max(1, usable // n)})",
+            "(usable CPUs // workers) or unset it, or pass "
+            f"Pool(blas_threads={max(1, usable // n)})",
         )
     cg = _memory.cgroup_of()
     oom = _memory.oom_kill_count(cg)
@@ -259,10 +260,11 @@ def collect(workers: int | None, findings: Findings, threads_at_start: int) -> d
         and facts["threads_after_numpy"] > 1
     ):
         facts["template"]["after_import_numpy"] = (
-            f"importing NumPy started {facts['threads_after_numpy'] - 1} thread(s) that are not idle "
-            "OpenBLAS workers, so a script that imports numpy before its first Pool() gets a spawned "
-            "template (a new interpreter: a slower first pool). OMP_NUM_THREADS=1 in the environment "
-            "keeps the process forkable, at the cost of the parent's own BLAS parallelism"
+            f"importing NumPy started {facts['threads_after_numpy'] - 1} thread(s) that are not "
+            "idle OpenBLAS workers, so a script that imports numpy before its first Pool() gets a "
+            "spawned template (a new interpreter: a slower first pool). OMP_NUM_THREADS=1 in the "
+            "environment keeps the process forkable, at the cost of the parent's own BLAS "
+            "parallelism"
         )
     facts["parent_threads"] = {
         "python": threading.active_count(),
@@ -390,15 +392,18 @@ def render(facts: dict[str, Any], findings: Findings) -> str:
         f"  in this process {blas_summary(b['libraries'])}",
         f"  in each worker  {b['threads_per_worker']} thread(s) ({env_text})",
         f"  {b['workers']} workers x {b['threads_per_worker']} = {b['total_threads']} threads on "
-        f"{c['usable']} usable CPUs: {'oversubscribed' if b['total_threads'] > c['usable'] else 'ok'}",
+        f"{c['usable']} usable CPUs: "
+        f"{'oversubscribed' if b['total_threads'] > c['usable'] else 'ok'}",
         "Memory",
         f"  system {_mib(m['total_bytes'])} usable, {_mib(m['available_bytes'])} available; "
         f"cgroup limit {_mib(m['cgroup_limit_bytes'])}",
         f"  OOM-kill counter {oom_text}; "
-        f"system-wide OOM kills {m['system_oom_kills'] if m['system_oom_kills'] is not None else 'unknown'}",
+        "system-wide OOM kills "
+        f"{m['system_oom_kills'] if m['system_oom_kills'] is not None else 'unknown'}",
         "Template (the process workers are forked from)",
         f"  a first pool made now would {t['now']['method']} it: {t['now']['why']}",
-        f"  this process runs {facts['parent_threads']['python']} Python and {facts['parent_threads']['os']} OS "
+        f"  this process runs {facts['parent_threads']['python']} Python and "
+        f"{facts['parent_threads']['os']} OS "
         f"thread(s); {facts['threads_at_start']} before NumPy was imported",
     ]
     if "after_import_numpy" in t:
@@ -407,7 +412,8 @@ def render(facts: dict[str, Any], findings: Findings) -> str:
         "Kernel",
         "  " + ", ".join(f"{name} {state}" for name, state in k.items()),
         "Limits",
-        f"  RLIMIT_NOFILE {lim['RLIMIT_NOFILE'][0] or 'unlimited'} (hard {lim['RLIMIT_NOFILE'][1] or 'unlimited'}; "
+        f"  RLIMIT_NOFILE {lim['RLIMIT_NOFILE'][0] or 'unlimited'} "
+        f"(hard {lim['RLIMIT_NOFILE'][1] or 'unlimited'}; "
         f"about {lim['fds_needed']} needed), RLIMIT_NPROC {lim['RLIMIT_NPROC'][0] or 'unlimited'} "
         f"({lim['user_processes']} processes of this user now)",
         "Optional extras",
@@ -420,7 +426,8 @@ def render(facts: dict[str, Any], findings: Findings) -> str:
             lines.append(f"  FAILED: {s['error']}")
         else:
             lines.append(
-                f"  Pool({s['workers']}) constructor to first result {fmt_time(s['first_result_s'])}; "
+                f"  Pool({s['workers']}) constructor to first result "
+                f"{fmt_time(s['first_result_s'])}; "
                 f"no-op round trip median {fmt_time(s['round_trip_median_s'])}, p99 "
                 f"{fmt_time(s['round_trip_p99_s'])} ({SMOKE_CALLS} calls); shutdown "
                 f"{fmt_time(s['shutdown_s'])}, {len(s['workers_left'])} worker(s) left"
