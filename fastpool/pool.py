@@ -273,6 +273,8 @@ class Pool(Executor):
                 raise TypeError(
                     "pass workers or max_workers (its ProcessPoolExecutor name), not both"
                 )
+            if _is_int(max_workers) and max_workers <= 0:  # ProcessPoolExecutor's words
+                raise ValueError("max_workers must be greater than 0")
             workers = max_workers
         limit = _sizing.parse_memory(memory_limit) if memory_limit is not None else None
         if workers is None or workers == "auto":
