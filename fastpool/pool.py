@@ -214,6 +214,20 @@ def _is_seconds(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
 
 
+def _refuse_inherited_only(exc: BaseException) -> None:
+    """initargs with a multiprocessing Lock, Queue, Event...: those pass only by inheritance
+    to a child of the process that made them, and fastpool's workers are the template's
+    children, so they are refused with the alternative named."""
+    cause = exc.__cause__
+    if isinstance(cause, RuntimeError) and "through inheritance" in str(cause):
+        raise TypeError(
+            "initargs holds a multiprocessing synchronisation object (Lock, Queue, Event, "
+            f"Semaphore...: {cause}); fastpool's workers are not children of this process, so "
+            "it cannot be inherited. Pass a multiprocessing.Manager() proxy instead (m = "
+            "multiprocessing.Manager(); Pool(initargs=(m.Lock(),)) or m.Queue(), m.Event())"
+        ) from exc
+
+
 def _abandoned(task: Any) -> BaseException:
     if task.t_dispatch:
         return errors.BrokenPool(
@@ -356,9 +370,13 @@ class Pool(Executor):
             )
             opened.append(arena)
             self._keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
-            init_payload = _codec.encode_init(
-                (init_fn, tuple(initargs), blas_threads), arena, self._keep
-            )
+            try:
+                init_payload = _codec.encode_init(
+                    (init_fn, tuple(initargs), blas_threads), arena, self._keep
+                )
+            except errors.SerializationError as exc:
+                _refuse_inherited_only(exc)
+                raise
             if len(init_payload) > board.max_record:
                 from fastpool._native._core import ring_limit_error
 

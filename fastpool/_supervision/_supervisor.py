@@ -31,6 +31,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import CancelledError
+from multiprocessing.process import current_process
 from typing import Any, Callable
 
 from fastpool import errors, telemetry
@@ -181,7 +182,10 @@ class Supervisor:
         slot.cur_seen, slot.hb_seen = 0, -1
         slot.mem, slot.cg, slot.oom_before, slot.oom_last, slot.baseline, slot.cg_text = (None,) * 6
         slot.retiring = False
-        msg, fds = ("spawn", slot.req, slot.id, {}), [self.board.fileno(), self.arena.fileno()]
+        # the owner's multiprocessing authkey, which a forked child would inherit: Manager
+        # proxies in initargs or arguments authenticate with it
+        env = {"FASTPOOL_AUTHKEY": bytes(current_process().authkey).hex()}
+        msg, fds = ("spawn", slot.req, slot.id, env), [self.board.fileno(), self.arena.fileno()]
         with self._send_lock:
             try:
                 _template._send(self.conn, msg, fds)
