@@ -26,6 +26,7 @@ import itertools
 import logging
 import math
 import os
+import signal
 import sys
 import threading
 import weakref
@@ -760,6 +761,26 @@ class Pool(Executor):
         that ignores the stop request is SIGKILLed after 2 s.  Never raises for a pool
         already shut down.  Idempotent and thread-safe."""
         self._rt.shutdown(wait, cancel_futures)
+
+    def terminate_workers(self) -> None:
+        """Python 3.14's ``ProcessPoolExecutor.terminate_workers()``, on every Python:
+        SIGTERM to every live worker, then ``shutdown(wait=False, cancel_futures=True)``.
+
+        A task a worker was running fails with ``WorkerCrashed`` (a ``BrokenProcessPool``);
+        queued tasks are cancelled or fail with ``BrokenPool``; later ``submit`` raises
+        ``PoolClosed``.  Returns without waiting; idempotent and thread-safe."""
+        self._force_shutdown(signal.SIGTERM)
+
+    def kill_workers(self) -> None:
+        """Python 3.14's ``ProcessPoolExecutor.kill_workers()``: as ``terminate_workers``,
+        with SIGKILL.  Thread-safe."""
+        self._force_shutdown(signal.SIGKILL)
+
+    def _force_shutdown(self, sig: int) -> None:
+        # signalled first, while the pool runs: each death is judged as a crash of the task
+        # its worker ran, which then fails
+        self._sup.signal_workers(sig)
+        self.shutdown(wait=False, cancel_futures=True)
 
     def drain(self) -> None:
         """Settles every accepted task (none is cancelled or lost), then tears down.

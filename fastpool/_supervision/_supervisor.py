@@ -798,6 +798,16 @@ class Supervisor:
                     except (ProcessLookupError, OSError):
                         pass
 
+    def signal_workers(self, sig: int) -> None:
+        """Sends ``sig`` to every live worker (Pool.terminate_workers/kill_workers)."""
+        with self.lock:
+            for slot in self.slots:
+                if slot.pidfd is not None:
+                    try:
+                        signal.pidfd_send_signal(slot.pidfd, sig)
+                    except (ProcessLookupError, OSError):
+                        pass
+
     def reap_workers(self, grace_s: float = STOP_GRACE_S) -> None:
         deadline = time.monotonic() + grace_s
         for slot in self.slots:

@@ -1,11 +1,13 @@
 """Compatibility details with concurrent.futures users hit (issue 15, section 6): a worker
 looks like a child process to multiprocessing; initargs with multiprocessing locks and queues
-are refused with the alternative named."""
+are refused with the alternative named; Python 3.14's terminate_workers()/kill_workers()."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import time
+from concurrent.futures import BrokenExecutor
 
 import pytest
 
@@ -42,3 +44,31 @@ def test_a_manager_proxy_in_initargs_works():
         lock = m.Lock()
         with fastpool.Pool(1, initializer=_set_global, initargs=(lock,)) as pool:
             assert pool.submit(os.getpid).result(timeout=60) > 0
+
+
+def _announce_then_sleep(path: str, s: float) -> float:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(s)
+    return s
+
+
+@pytest.mark.parametrize("method", ["terminate_workers", "kill_workers"])
+def test_terminate_and_kill_workers_stop_running_and_queued_work(method, tmp_path):
+    pool = fastpool.Pool(1)
+    marker = tmp_path / "started"
+    running = pool.submit(_announce_then_sleep, str(marker), 60)
+    queued = [pool.submit(time.sleep, 60) for _ in range(3)]
+    while not marker.exists() or not marker.read_text():  # the task really runs
+        time.sleep(0.01)
+    pid = int(marker.read_text())
+    getattr(pool, method)()
+    with pytest.raises(BrokenExecutor):
+        running.result(timeout=30)  # long before the 60 s task could end
+    for f in queued:  # none runs its 60 s
+        assert f.cancelled() or isinstance(f.exception(timeout=30), BrokenExecutor)
+    with pytest.raises(RuntimeError):
+        pool.submit(os.getpid)
+    pool.shutdown(wait=True)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
