@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any
 
-from fastpool._runtime import _call, _codec
+from fastpool._runtime import _call, _codec, _mainns
 from fastpool._runtime._codec import R_INIT_FAILED, R_READY
 
 HEARTBEAT_INTERVAL_S = 0.05
@@ -73,7 +73,7 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
             _set_blas_threads(blas_threads)
         if initializer is not None:
             fn = _codec.loads(initializer) if isinstance(initializer, bytes) else initializer
-            _call.run(fn, initargs, {})
+            _mainns.run_initializer(fn, initargs, _call.run)
     except BaseException as exc:  # noqa: BLE001 - SystemExit in an initializer is a failure too
         board.push_result(slot, R_INIT_FAILED, 0, 0, _codec.encode_exception(exc), 5.0)
         return EXIT_INIT_FAILED
