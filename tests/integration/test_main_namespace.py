@@ -1,7 +1,7 @@
 """What ``__main__`` defines behaves as with ProcessPoolExecutor (issue 15, section 5):
 classes from ``__main__`` come back from workers (a dataclass returned, an exception raised
-and caught by its own ``except``), and a global an ``initializer`` sets is seen by the task
-functions. Each case is a real script run as ``__main__`` in a subprocess; the functions
+and caught by its own ``except``), a global an ``initializer`` sets is seen by the task
+functions, and worker tracebacks show the script's file and source lines. Each case is a real script run as ``__main__`` in a subprocess; the functions
 travel by value, as a notebook's do."""
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ SCRIPT = textwrap.dedent("""
                 pool.submit(fail, 4).result(timeout=60)
             except CalibrationError as exc:
                 assert str(exc) == "bad 4"
+                tb = exc.__cause__.tb  # the script's file and source line, not <dynamic-code>
+                assert 'analysis.py", line' in tb and 'raise CalibrationError(f"bad {x}")' in tb, tb
             else:
                 raise AssertionError("no error")
             assert list(pool.map(predict, range(4))) == [0, 10, 20, 30]
