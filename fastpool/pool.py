@@ -77,6 +77,7 @@ ShapeLike = Union[SupportsIndex, Sequence[SupportsIndex]]
 
 DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched pages cost
 MAX_CHUNKSIZE = 8192
+PROGRESS_CHUNKS_PER_WORKER = 100  # map(progress=...): the bar moves in steps of <= 1%
 WINDOW_ITEMS = 32768  # map keeps about this many small items in flight...
 MAX_WINDOW_PER_WORKER = 64  # ...in at most this many chunks per worker
 INTERRUPT_GRACE_S = 0.4  # Ctrl-C: how long interrupted tasks get to return before SIGKILL
@@ -586,7 +587,7 @@ class Pool(Executor):
         "Progress bars"); ImportError naming the extra when tqdm is missing.  Raises
         PoolClosed, SerializationError as ``submit``.  Thread-safe to call; each
         iterator belongs to one consuming thread."""
-        chunks, fn, star, adaptive = self._chunks(fn, iterables, chunksize)
+        chunks, fn, star, adaptive = self._chunks(fn, iterables, chunksize, progress is not None)
         counter = (
             None
             if progress is None
@@ -619,7 +620,9 @@ class Pool(Executor):
         An exception from ``fn`` is raised when its chunk completes.  ``progress`` as
         for ``map``.  Thread-safe to call; each iterator belongs to one consuming
         thread."""
-        chunks, fn, _star, _adaptive = self._chunks(fn, (iterable,), chunksize)
+        chunks, fn, _star, _adaptive = self._chunks(
+            fn, (iterable,), chunksize, progress is not None
+        )
         counter = (
             None
             if progress is None
@@ -733,7 +736,9 @@ class Pool(Executor):
         to keep WINDOW_ITEMS items under way (capped), or each chunk costs a round trip."""
         return max(2 * self._n + 2, min(MAX_WINDOW_PER_WORKER * self._n, WINDOW_ITEMS // chunksize))
 
-    def _chunks(self, fn: Callable[..., Any], iterables: tuple, chunksize: int | None) -> tuple:
+    def _chunks(
+        self, fn: Callable[..., Any], iterables: tuple, chunksize: int | None, bar: bool = False
+    ) -> tuple:
         if self._disp.closed:
             raise errors.PoolClosed()
         if not iterables:
@@ -746,7 +751,9 @@ class Pool(Executor):
         if chunksize is None:
             try:
                 n = min(len(x) for x in iterables)
-                chunksize = max(1, min(MAX_CHUNKSIZE, math.ceil(n / (self._n * 8))))
+                # with a progress bar, chunks small enough that it moves by at most 1%
+                per_worker = PROGRESS_CHUNKS_PER_WORKER if bar else 8
+                chunksize = max(1, min(MAX_CHUNKSIZE, math.ceil(n / (self._n * per_worker))))
             except TypeError:
                 chunksize, adaptive = 4, True
         return _Chunks(iterables, chunksize), fn, len(iterables) > 1, adaptive
