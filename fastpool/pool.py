@@ -1051,6 +1051,16 @@ def _chunk_result(res: Any) -> Iterator[list]:
     yield res
 
 
+def _drop_unstarted(pending: Iterable[Future]) -> None:
+    """A map ended early (Ctrl-C, an error, a timeout, closed): its chunks no worker started
+    are dropped, also those a worker already holds, which ``Future.cancel()`` leaves to run;
+    a running chunk is flagged (``fastpool.cancelled()``) and runs to its end."""
+    for fut in pending:
+        disp = getattr(fut, "_disp", None)
+        if not fut.cancel() and disp is not None:
+            disp.cancel(fut, False)
+
+
 def _ordered(
     pending: deque, submit_next: _Feeder, deadline: float | None, adaptive: _Chunks | None
 ) -> Iterator[list]:
@@ -1067,8 +1077,7 @@ def _ordered(
             submit_next()
             yield from _chunk_result(res)
     finally:
-        for fut in pending:
-            fut.cancel()
+        _drop_unstarted(pending)
 
 
 def _unordered(disp: Any, pending: set, done: deque, submit_next: _Feeder) -> Iterator[list]:
@@ -1080,5 +1089,4 @@ def _unordered(disp: Any, pending: set, done: deque, submit_next: _Feeder) -> It
             submit_next()
             yield from _chunk_result(fut.result())
     finally:
-        for fut in pending:
-            fut.cancel()
+        _drop_unstarted(pending)
