@@ -27,11 +27,11 @@ import os
 import select
 import selectors
 import signal
+import sys
 import threading
 import time
 from collections import deque
 from concurrent.futures import CancelledError
-from multiprocessing.process import current_process
 from typing import Any, Callable
 
 from fastpool import errors, telemetry
@@ -183,8 +183,10 @@ class Supervisor:
         slot.mem, slot.cg, slot.oom_before, slot.oom_last, slot.baseline, slot.cg_text = (None,) * 6
         slot.retiring = False
         # the owner's multiprocessing authkey, which a forked child would inherit: Manager
-        # proxies in initargs or arguments authenticate with it
-        env = {"FASTPOOL_AUTHKEY": bytes(current_process().authkey).hex()}
+        # proxies in initargs or arguments authenticate with it (no multiprocessing imported
+        # here: no proxy, and a first pool does not pay for the import)
+        mp = sys.modules.get("multiprocessing.process")
+        env = {"FASTPOOL_AUTHKEY": bytes(mp.current_process().authkey).hex()} if mp else {}
         msg, fds = ("spawn", slot.req, slot.id, env), [self.board.fileno(), self.arena.fileno()]
         with self._send_lock:
             try:
