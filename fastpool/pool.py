@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
 import threading
 import weakref
@@ -243,6 +244,20 @@ def _is_seconds(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
 
 
+def _refuse_inherited_only(exc: BaseException) -> None:
+    """initargs with a multiprocessing Lock, Queue, Event...: those pass only by inheritance
+    to a child of the process that made them, and fastpool's workers are the template's
+    children, so they are refused with the alternative named."""
+    cause = exc.__cause__
+    if isinstance(cause, RuntimeError) and "through inheritance" in str(cause):
+        raise TypeError(
+            "initargs holds a multiprocessing synchronisation object (Lock, Queue, Event, "
+            f"Semaphore...: {cause}); fastpool's workers are not children of this process, so "
+            "it cannot be inherited. Pass a multiprocessing.Manager() proxy instead (m = "
+            "multiprocessing.Manager(); Pool(initargs=(m.Lock(),)) or m.Queue(), m.Event())"
+        ) from exc
+
+
 def _abandoned(task: Any) -> BaseException:
     if task.t_dispatch:
         return errors.BrokenPool(
@@ -302,6 +317,8 @@ class Pool(Executor):
                 raise TypeError(
                     "pass workers or max_workers (its ProcessPoolExecutor name), not both"
                 )
+            if _is_int(max_workers) and max_workers <= 0:  # ProcessPoolExecutor's words
+                raise ValueError("max_workers must be greater than 0")
             workers = max_workers
         limit = _sizing.parse_memory(memory_limit) if memory_limit is not None else None
         if workers is None or workers == "auto":
@@ -383,9 +400,13 @@ class Pool(Executor):
             )
             opened.append(arena)
             self._keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
-            init_payload = _codec.encode_init(
-                (init_fn, tuple(initargs), blas_threads), arena, self._keep
-            )
+            try:
+                init_payload = _codec.encode_init(
+                    (init_fn, tuple(initargs), blas_threads), arena, self._keep
+                )
+            except errors.SerializationError as exc:
+                _refuse_inherited_only(exc)
+                raise
             if len(init_payload) > board.max_record:
                 from fastpool._native._core import ring_limit_error
 
@@ -625,7 +646,13 @@ class Pool(Executor):
         progress: _progress.ProgressArg,
     ) -> Iterator[Any]:
         run = _mapper.MapRun(
-            self, fn, iterables, chunksize=chunksize, timeout=timeout, buffersize=buffersize
+            self,
+            fn,
+            iterables,
+            chunksize=chunksize,
+            timeout=timeout,
+            buffersize=buffersize,
+            bar=progress is not None,
         )
         if progress is None:
             return _mapper.MapIterator.over(run.start(ordered))
@@ -729,6 +756,26 @@ class Pool(Executor):
         ProcessPoolExecutor's does (Ctrl-C stops it within about a second).  Never
         raises for a pool already shut down.  Idempotent and thread-safe."""
         self._rt.shutdown(wait, cancel_futures)
+
+    def terminate_workers(self) -> None:
+        """Python 3.14's ``ProcessPoolExecutor.terminate_workers()``, on every Python:
+        SIGTERM to every live worker, then ``shutdown(wait=False, cancel_futures=True)``.
+
+        A task a worker was running fails with ``WorkerCrashed`` (a ``BrokenProcessPool``);
+        queued tasks are cancelled or fail with ``BrokenPool``; later ``submit`` raises
+        ``PoolClosed``.  Returns without waiting; idempotent and thread-safe."""
+        self._force_shutdown(signal.SIGTERM)
+
+    def kill_workers(self) -> None:
+        """Python 3.14's ``ProcessPoolExecutor.kill_workers()``: as ``terminate_workers``,
+        with SIGKILL.  Thread-safe."""
+        self._force_shutdown(signal.SIGKILL)
+
+    def _force_shutdown(self, sig: int) -> None:
+        # signalled first, while the pool runs: each death is judged as a crash of the task
+        # its worker ran, which then fails
+        self._sup.signal_workers(sig)
+        self.shutdown(wait=False, cancel_futures=True)
 
     def drain(self) -> None:
         """Settles every accepted task (none is cancelled or lost), then tears down.

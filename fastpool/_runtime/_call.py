@@ -104,6 +104,14 @@ def _same_arity(items: list) -> bool:
 _FN_CACHE: dict[bytes, Any] = {}
 
 
+def load_function(fn_bytes: bytes) -> Any:
+    """A task's function in a worker; one from ``__main__`` sees the globals the
+    initializer set and brings its classes into ``__main__`` (see _mainns)."""
+    from fastpool._runtime import _mainns
+
+    return _mainns.adopt(_codec.loads(fn_bytes))
+
+
 def load_fn(fn_bytes: bytes) -> Any:
     """The function behind a pickle made by ``_codec.function_bytes`` (cached: one unpickle
     per distinct function). The joblib backend sends a batch's functions this way."""

@@ -11,7 +11,9 @@ Arrays travel as descriptors of the pool's shared memory: that is
 
 from __future__ import annotations
 
+import linecache
 import pickle
+import re
 import traceback
 import types
 import weakref
@@ -141,14 +143,14 @@ def function_bytes(fn: Callable[..., Any]) -> bytes:
         if by_value:
             import cloudpickle
 
-            data = cloudpickle.dumps(fn, PROTOCOL)
+            data = cloudpickle.dumps(_Sourced(fn), PROTOCOL)
         else:
             data = dumps(fn)
     except Exception as exc:
         try:
             import cloudpickle
 
-            data = cloudpickle.dumps(fn, PROTOCOL)
+            data = cloudpickle.dumps(_Sourced(fn), PROTOCOL)
         except Exception:
             raise errors.SerializationError(
                 f"the function {getattr(fn, '__qualname__', fn)!r}", f"{type(exc).__name__}: {exc}"
@@ -158,6 +160,37 @@ def function_bytes(fn: Callable[..., Any]) -> bytes:
             cache.clear()
         cache[fn] = (mark, data) if mark is not None else data
     return data
+
+
+class _Sourced:
+    """A function sent by value, with its file name: cloudpickle replaces every code
+    object's file name with ``<dynamic-code>``, so a worker's traceback would show neither
+    the file nor the source line.  Unpickles as the function itself."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __reduce__(self) -> Any:
+        code = getattr(self.fn, "__code__", None)
+        if code is None:
+            return _as_is, (self.fn,)
+        return _with_filename, (self.fn, code.co_filename)
+
+
+def _as_is(fn: Any) -> Any:
+    return fn
+
+
+def _with_filename(fn: Any, filename: str) -> Any:
+    def fix(code: types.CodeType) -> types.CodeType:
+        consts = tuple(fix(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+        return code.replace(co_filename=filename, co_consts=consts)
+
+    try:
+        fn.__code__ = fix(fn.__code__)
+    except (AttributeError, TypeError, ValueError):
+        pass  # a traceback without its file name is still a traceback
+    return fn
 
 
 def encode_args(
@@ -239,8 +272,28 @@ def decode_exception(payload: bytes) -> BaseException:
             exc = None
     if not isinstance(exc, BaseException):
         exc = errors.RemoteError(type_name, message, tb)
-    exc.__cause__ = RemoteTraceback(tb)
+    exc.__cause__ = RemoteTraceback(with_source(tb))
     return exc
+
+
+_FRAME = re.compile(r'^  File "(.+)", line (\d+), in ')
+
+
+def with_source(tb: str) -> str:
+    """A worker's traceback text with the source lines it lacked filled in from this
+    process's linecache: code from a notebook cell or the REPL has no file the worker could
+    read, but the parent's linecache holds it (IPython registers every cell there)."""
+    lines = tb.splitlines(keepends=True)
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        m = _FRAME.match(line)
+        if m is None or (i + 1 < len(lines) and lines[i + 1].startswith("    ")):
+            continue
+        source = linecache.getline(m.group(1), int(m.group(2))).strip()
+        if source:
+            out.append(f"    {source}\n")
+    return "".join(out)
 
 
 def encode_bad_result(task_id: int, exc: BaseException, result: Any) -> bytes:

@@ -37,6 +37,8 @@ from fastpool._runtime import _arrays, _numbers
 from fastpool._runtime._call import ChunkFailure, TaskFunction
 
 MAX_CHUNKSIZE = 8192
+CHUNKS_PER_WORKER = 8  # a sized input: each worker gets about this many chunks
+PROGRESS_CHUNKS_PER_WORKER = 100  # with a progress bar: it moves in steps of <= 1%
 WINDOW_ITEMS = 32768  # a map keeps about this many small items in flight...
 MAX_WINDOW_PER_WORKER = 64  # ...in at most this many chunks per worker
 
@@ -103,13 +105,17 @@ class Chunks:
     not a list of scalars); anything else is read with islice.  ``size`` adapts
     to measured run time when the input has no length and no chunksize was given."""
 
-    def __init__(self, iterables: tuple, chunksize: int | None, sizing: Sizing) -> None:
+    def __init__(
+        self, iterables: tuple, chunksize: int | None, sizing: Sizing, bar: bool = False
+    ) -> None:
         self.adaptive = False
         self.target_s = sizing.target_chunk_s
         if chunksize is None:
             try:
                 n = min(len(x) for x in iterables)
-                chunksize = max(1, min(MAX_CHUNKSIZE, math.ceil(n / (sizing.workers * 8))))
+                # with a progress bar, chunks small enough that it counts items as they finish
+                per_worker = PROGRESS_CHUNKS_PER_WORKER if bar else CHUNKS_PER_WORKER
+                chunksize = max(1, min(MAX_CHUNKSIZE, math.ceil(n / (sizing.workers * per_worker))))
             except TypeError:
                 chunksize, self.adaptive = sizing.first_chunksize, True
         self.size: int = chunksize
@@ -171,6 +177,7 @@ class MapRun:
         chunksize: int | None = None,
         timeout: float | None = None,
         buffersize: int | None = None,
+        bar: bool = False,
     ) -> None:
         sizing = target._map_sizing()
         if not iterables:
@@ -179,7 +186,7 @@ class MapRun:
         self.target = target
         self.fn = fn.fn if type(fn) is TaskFunction else fn
         self.star = len(iterables) > 1
-        self.chunks = Chunks(iterables, chunksize, sizing)
+        self.chunks = Chunks(iterables, chunksize, sizing, bar)
         self.window = buffersize or window(sizing.workers, self.chunks.size)
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.pending: deque[Future] = deque()  # submitted, not taken (submission order)

@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any
 
-from fastpool._runtime import _arrays, _call, _codec
+from fastpool._runtime import _arrays, _call, _codec, _mainns
 from fastpool._runtime._codec import R_INIT_FAILED, R_READY
 
 HEARTBEAT_INTERVAL_S = 0.05
@@ -52,6 +52,7 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
         _arrays.set_process_arena(Arena.attach(arena_fd, slot + 1))
         os.close(arena_fd)
     pid = os.getpid()
+    _look_like_a_child(slot)
     board.set_state(slot, SLOT_STARTING, pid)
     _call.CURRENT["board"], _call.CURRENT["slot"] = board, slot
     stop = threading.Event()
@@ -72,7 +73,7 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
             _set_blas_threads(blas_threads)
         if initializer is not None:
             fn = _codec.loads(initializer) if isinstance(initializer, bytes) else initializer
-            _call.run(fn, initargs, {})
+            _mainns.run_initializer(fn, initargs, _call.run)
     except BaseException as exc:  # noqa: BLE001 - SystemExit in an initializer is a failure too
         board.push_result(slot, R_INIT_FAILED, 0, 0, _codec.encode_exception(exc), 5.0)
         return EXIT_INIT_FAILED
@@ -84,6 +85,35 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def _look_like_a_child(slot: int) -> None:
+    """Makes multiprocessing see this worker as the pool owner's child process, as a
+    ProcessPoolExecutor worker is: ``current_process().name`` is ``fastpool-worker-N`` and
+    ``parent_process()`` names the owner (the template's parent), so code that refuses to
+    start a pool inside a worker recognises one."""
+    import multiprocessing.process as mpp
+
+    template = os.getppid()
+    owner = template
+    try:
+        with open(f"/proc/{template}/stat", "rb") as f:  # the template's own parent
+            owner = int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    proc = mpp.current_process()
+    authkey = os.environ.pop("FASTPOOL_AUTHKEY", None)
+    if authkey:
+        proc.authkey = bytes.fromhex(authkey)
+    proc.name = f"fastpool-worker-{slot}"
+    proc._identity = (slot + 1,)
+    proc._parent_pid, proc._parent_name = owner, "MainProcess"
+    try:
+        sentinel = os.pidfd_open(owner)  # readable once the owner exits: is_alive(), join()
+    except (OSError, AttributeError):
+        return
+    os.set_inheritable(sentinel, False)
+    mpp._parent_process = mpp._ParentProcess("MainProcess", owner, sentinel)
 
 
 def _set_blas_threads(n: int) -> None:

@@ -31,6 +31,7 @@ import os
 import select
 import selectors
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -188,7 +189,12 @@ class Supervisor:
         slot.cur_seen, slot.hb_seen = 0, -1
         slot.mem, slot.cg, slot.oom_before, slot.oom_last, slot.baseline, slot.cg_text = (None,) * 6
         slot.retiring = False
-        msg, fds = ("spawn", slot.req, slot.id, {}), [self.board.fileno(), self.arena.fileno()]
+        # the owner's multiprocessing authkey, which a forked child would inherit: Manager
+        # proxies in initargs or arguments authenticate with it (no multiprocessing imported
+        # here: no proxy, and a first pool does not pay for the import)
+        mp = sys.modules.get("multiprocessing.process")
+        env = {"FASTPOOL_AUTHKEY": bytes(mp.current_process().authkey).hex()} if mp else {}
+        msg, fds = ("spawn", slot.req, slot.id, env), [self.board.fileno(), self.arena.fileno()]
         with self._send_lock:
             try:
                 _template._send(self.conn, msg, fds)
@@ -772,6 +778,16 @@ class Supervisor:
                 if slot.pidfd is not None and slot.state == "ready" and self.board.current(slot.id):
                     try:
                         signal.pidfd_send_signal(slot.pidfd, signal.SIGINT)
+                    except (ProcessLookupError, OSError):
+                        pass
+
+    def signal_workers(self, sig: int) -> None:
+        """Sends ``sig`` to every live worker (Pool.terminate_workers/kill_workers)."""
+        with self.lock:
+            for slot in self.slots:
+                if slot.pidfd is not None:
+                    try:
+                        signal.pidfd_send_signal(slot.pidfd, sig)
                     except (ProcessLookupError, OSError):
                         pass
 

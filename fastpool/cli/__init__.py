@@ -34,6 +34,22 @@ ENVIRONMENT = {
 }
 
 
+def shadowed() -> str | None:
+    """Why ``fastpool`` is not this package, or None: a folder named fastpool (a clone,
+    say) on sys.path before the installed package, with no ``__init__.py``, imports as an
+    empty namespace package; an editable install's finder then still serves this CLI."""
+    import fastpool
+
+    if getattr(fastpool, "__file__", None) is not None:
+        return None
+    where = ", ".join(getattr(fastpool, "__path__", ())) or "a namespace package"
+    return (
+        f"the name 'fastpool' resolves to {where}, a folder without __init__.py that "
+        "shadows the installed fastpool (it imports as an empty namespace package, so "
+        "fastpool.Pool does not exist). Run from another directory, or rename that folder"
+    )
+
+
 def _version() -> str:
     import platform
 
@@ -61,6 +77,10 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else argv
+    problem = shadowed()
+    if problem is not None:
+        print(f"python -m fastpool: {problem}", file=sys.stderr)
+        return 1
     if args_list[:1] == ["--version"]:  # without building every subparser
         print(_version())
         return 0

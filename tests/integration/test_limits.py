@@ -196,7 +196,7 @@ def test_max_workers_is_an_alias_of_workers():
     with fastpool.Pool(max_workers=2) as pool:
         assert pool.workers == 2
         assert pool.submit(double, 4).result(timeout=30) == 8
-    _pool_refuses(ValueError, "workers must be a positive int", max_workers=0)
+    _pool_refuses(ValueError, "max_workers must be greater than 0", max_workers=0)
 
 
 def test_workers_and_max_workers_together_is_a_type_error():

@@ -1,0 +1,375 @@
+"""Run CPython's own ``test.test_concurrent_futures`` executor suites against ``fastpool.Pool``.
+
+Only this adapter lives in the repository: the tests come from the interpreter's own ``test``
+package (pyenv's CPython 3.13 ships it; most distribution builds strip it). Run it with an
+interpreter that has both that package and fastpool installed::
+
+    python3.13 tests/compat/cpython_futures.py [-v] [--json FILE]
+
+The adapter maps ``max_workers``, ``initializer``, ``initargs`` and ``max_tasks_per_child`` onto
+``fastpool.Pool`` and reuses the suites' mixins unchanged through one executor type. Two kinds
+of test do not count:
+
+- ``SKIPPED``: tests that read or patch ``ProcessPoolExecutor`` internals (``_processes``,
+  ``_executor_manager_thread``, ``_mp_context`` ...) or construct a ``ProcessPoolExecutor``
+  themselves, so they say nothing about the executor under test. Each has its reason.
+- ``EXPECTED_FAILURES``: deliberate differences from ``ProcessPoolExecutor``, each with its
+  reason; docs/migrating.md lists the same ones in its table of differences. They are judged
+  by the runner, not by ``unittest.expectedFailure``, because one of them kills the process
+  that runs it: each test runs in a child process, and a child that dies marks its test
+  "crashed" while a fresh child goes on with the rest.
+
+The process exits 0 when every test passed, was skipped with a reason, or failed as expected,
+and 1 otherwise (an unexpected failure, or an expected failure that now passes). With ``--json``
+it writes the counts and the outcome of each test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+import unittest
+from typing import Any
+
+import fastpool
+
+# test id (class name without the "Fastpool" prefix, then the method) -> why it is skipped
+SKIPPED: dict[str, str] = {
+    "ProcessPoolExecutorTest.test_killed_child": (
+        "reads executor._processes to terminate a worker"
+    ),
+    "ProcessPoolExecutorTest.test_saturation": "reads executor._processes",
+    "ProcessPoolExecutorTest.test_idle_process_reuse_one": "reads executor._processes",
+    "ProcessPoolExecutorTest.test_idle_process_reuse_multiple": "reads executor._processes",
+    "ProcessPoolExecutorTest.test_max_tasks_per_child": "reads executor._processes",
+    "ProcessPoolExecutorTest.test_max_tasks_per_child_defaults_to_spawn_context": (
+        "reads executor._mp_context"
+    ),
+    "ProcessPoolExecutorTest.test_python_finalization_error": (
+        "patches threading._start_joinable_thread to fail ProcessPoolExecutor's second thread"
+    ),
+    "ProcessPoolExecutorTest.test_max_workers_too_large": "Windows only",
+    "ProcessPoolShutdownTest.test_processes_terminate": "reads executor._processes",
+    "ProcessPoolShutdownTest.test_context_manager_shutdown": (
+        "constructs a ProcessPoolExecutor itself and reads its _processes"
+    ),
+    "ProcessPoolShutdownTest.test_del_shutdown": (
+        "constructs a ProcessPoolExecutor itself and reads its _executor_manager_thread"
+    ),
+    "ProcessPoolShutdownTest.test_shutdown_no_wait": (
+        "constructs a ProcessPoolExecutor itself and reads its _executor_manager_thread"
+    ),
+    "ExecutorDeadlockTest.test_shutdown_deadlock_pickle": (
+        "reads executor._executor_manager_thread"
+    ),
+    "ExecutorDeadlockTest.test_gh105829_should_not_deadlock_if_wakeup_pipe_full": (
+        "patches concurrent.futures.process._ExecutorManagerThread and _ThreadWakeup"
+    ),
+}
+
+# test id -> the deliberate difference that makes it fail (mirrored in docs/migrating.md)
+EXPECTED_FAILURES: dict[str, str] = {
+    # deliberate differences
+    "ProcessPoolExecutorTest.test_traceback": (
+        "the cause is fastpool's RemoteTraceback (the same .tb text), not the private class "
+        "concurrent.futures.process._RemoteTraceback the test compares by identity"
+    ),
+    "ProcessPoolShutdownTest.test_cancel_futures": (
+        "shutdown(cancel_futures=True) cancels every task no worker has started; right after "
+        "the pool is created no worker has, so all 50 are cancelled, where ProcessPoolExecutor "
+        "has already moved a few into its call queue"
+    ),
+    "ProcessPoolShutdownTest.test_submit_after_interpreter_shutdown": (
+        "submit after shutdown raises PoolClosed (a RuntimeError) with fastpool's message; "
+        "the test matches the text 'RuntimeError: cannot schedule new futures'"
+    ),
+    "FailingInitializerMixin.test_initializer": (
+        "a failing initializer is retried with backoff until the slot's breaker opens "
+        "(CircuitOpen, a BrokenExecutor), logged on the 'fastpool' logger; the test wants a "
+        "CRITICAL record on 'concurrent.futures' and reads executor._broken"
+    ),
+    "ExecutorDeadlockTest.test_error_at_task_pickle": (
+        "a call that cannot be pickled raises SerializationError (a PicklingError) from "
+        "submit(), and nothing is queued; the test expects a future failing later"
+    ),
+    "ExecutorDeadlockTest.test_error_at_task_unpickle": (
+        "an error while the worker unpickles the call (UnpicklingError) comes back as that "
+        "task's own error; the worker is sound, so the pool is not broken"
+    ),
+    "ExecutorDeadlockTest.test_exit_at_task_unpickle": (
+        "SystemExit while the worker unpickles the call comes back as that task's own "
+        "SystemExit, as SystemExit raised by a task does; the pool is not broken"
+    ),
+    "ExecutorDeadlockTest.test_error_during_result_unpickle_in_result_handler": (
+        "a result the parent cannot unpickle fails that one future with SerializationError; "
+        "the pool is not broken"
+    ),
+    "ExecutorDeadlockTest.test_exit_during_result_unpickle_in_result_handler": (
+        "SystemExit while the parent unpickles a result fails that one future with "
+        "SerializationError (the SystemExit chained), a deliberate difference from "
+        "BrokenProcessPool: the pool is not broken"
+    ),
+}
+
+
+def _load_suites() -> tuple[type, ...]:
+    """The mixins of the interpreter's own test package, or SystemExit(2) naming what is
+    missing."""
+    try:
+        from test.test_concurrent_futures import (
+            test_as_completed,
+            test_deadlock,
+            test_init,
+            test_process_pool,
+            test_shutdown,
+            test_wait,
+            util,
+        )
+    except ImportError as exc:
+        raise SystemExit(
+            f"{sys.executable} has no test.test_concurrent_futures package ({exc}); use an "
+            "interpreter built with its test suite, such as pyenv's CPython 3.13"
+        ) from exc
+    return (
+        util,
+        test_process_pool,
+        test_shutdown,
+        test_wait,
+        test_as_completed,
+        test_init,
+        test_deadlock,
+    )
+
+
+class FastpoolExecutor(fastpool.Pool):
+    """``fastpool.Pool`` under ``ProcessPoolExecutor``'s constructor signature.
+
+    ``mp_context`` is accepted and ignored: fastpool forks its workers from its own template
+    process, whatever the context.
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        mp_context: object = None,
+        initializer: object = None,
+        initargs: tuple = (),
+        *,
+        max_tasks_per_child: int | None = None,
+    ) -> None:
+        super().__init__(
+            max_workers=max_workers,
+            initializer=initializer,
+            initargs=initargs,
+            max_tasks_per_worker=max_tasks_per_child,
+        )
+
+
+def _python_ok_with_fastpool(original):
+    """``assert_python_ok`` for the shutdown tests' child scripts: they import the executor
+    type by name from ``concurrent.futures``; import ``fastpool.Pool`` under that name instead,
+    and keep PYTHONPATH so the child finds the same fastpool."""
+
+    def run(*args: str, **env: str):
+        args = tuple(
+            a.replace(
+                "from concurrent.futures import FastpoolExecutor",
+                "from fastpool import Pool as FastpoolExecutor",
+            )
+            for a in args
+        )
+        env.setdefault("__isolated", False)
+        env.setdefault("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        return original(*args, **env)
+
+    return run
+
+
+def build_suite() -> unittest.TestSuite:
+    util, process_pool, shutdown, wait, as_completed, init, deadlock = _load_suites()
+
+    class FastpoolMixin(util.ExecutorMixin):
+        executor_type = FastpoolExecutor
+
+        def get_context(self):
+            # the tests' own synchronisation objects (Semaphore, Queue, Manager) need a context;
+            # fastpool's template-forked workers are closest to forkserver's
+            return multiprocessing.get_context("forkserver")
+
+    shutdown.assert_python_ok = _python_ok_with_fastpool(shutdown.assert_python_ok)
+    mixins = {
+        "ProcessPoolExecutorTest": process_pool.ProcessPoolExecutorTest,
+        "ProcessPoolShutdownTest": shutdown.ProcessPoolShutdownTest,
+        "WaitTests": wait.WaitTests,
+        "AsCompletedTests": as_completed.AsCompletedTests,
+        "InitializerMixin": init.InitializerMixin,
+        "FailingInitializerMixin": init.FailingInitializerMixin,
+        "ExecutorDeadlockTest": deadlock.ExecutorDeadlockTest,
+    }
+    loader = unittest.TestLoader()
+    suite = unittest.TestSuite()
+    for name, mixin in mixins.items():
+        attrs: dict[str, object] = {"__module__": __name__}
+        for attr in loader.getTestCaseNames(type("_probe", (mixin, unittest.TestCase), {})):
+            key = f"{name}.{attr}"
+            if key in SKIPPED:
+                attrs[attr] = unittest.skip(SKIPPED[key])(getattr(mixin, attr))
+        cls = type(f"Fastpool{name}", (mixin, FastpoolMixin, util.BaseTestCase), attrs)
+        suite.addTests(loader.loadTestsFromTestCase(cls))
+    return suite
+
+
+class _Result(unittest.TextTestResult):
+    """Appends each test's start and outcome to a journal, one JSON line each, so that the
+    runner knows which test was running if this process dies (a crash that kills the parent
+    is a finding too, not the end of the run)."""
+
+    journal: Any = None
+
+    def _key(self, test: unittest.TestCase) -> str:
+        return f"{type(test).__name__.removeprefix('Fastpool')}.{test._testMethodName}"
+
+    def _log(self, test: unittest.TestCase, outcome: str, detail: str = "") -> None:
+        self.journal.write(json.dumps([self._key(test), outcome, detail]) + "\n")
+        self.journal.flush()
+
+    def startTest(self, test):
+        self._log(test, "started")
+        super().startTest(test)
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._log(test, "passed")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._log(test, "failed", self.failures[-1][1][-2000:])
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._log(test, "error", self.errors[-1][1][-2000:])
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._log(test, "skipped", reason)
+
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self._log(test, "expected failure")
+
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self._log(test, "unexpected success")
+
+
+def _key_of(test: unittest.TestCase) -> str:
+    return f"{type(test).__name__.removeprefix('Fastpool')}.{test._testMethodName}"
+
+
+def _run_child(ids: list[str], journal: str, verbose: bool) -> None:
+    """Runs the tests named by ``ids`` in this process, journaling each."""
+    wanted = set(ids)
+    suite = unittest.TestSuite(t for t in build_suite() if _key_of(t) in wanted)
+    with open(journal, "a") as f:
+        _Result.journal = f
+        unittest.TextTestRunner(
+            verbosity=2 if verbose else 1, resultclass=_Result, stream=sys.stderr
+        ).run(suite)
+
+
+def run(ids: list[str], verbose: bool = False, log=sys.stderr) -> dict[str, list[str]]:
+    """Runs ``ids`` in child processes; a child that dies marks its current test "crashed"
+    (with its exit status) and a new child goes on with the rest. Returns id -> [outcome,
+    detail]."""
+    import subprocess
+    import tempfile
+
+    outcomes: dict[str, list[str]] = {}
+    remaining = list(ids)
+    with tempfile.TemporaryDirectory(prefix="fastpool-cpython-") as tmp:
+        journal = os.path.join(tmp, "journal.jsonl")
+        while remaining:
+            open(journal, "w").close()
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", journal]
+            cmd += ["-v"] if verbose else []
+            proc = subprocess.run(cmd + remaining, stdout=log, stderr=log)
+            current = None
+            with open(journal) as f:
+                for line in f:
+                    key, outcome, detail = json.loads(line)
+                    if outcome == "started":
+                        current = key
+                    else:
+                        outcomes[key] = [outcome, detail]
+                        current = None
+            if current is not None:  # died inside a test
+                outcomes[current] = [
+                    "crashed",
+                    f"the test process died: exit status {proc.returncode}",
+                ]
+            elif proc.returncode != 0 and not any(k in outcomes for k in remaining):
+                raise RuntimeError(f"the test process failed before any test: {proc.returncode}")
+            remaining = [k for k in remaining if k not in outcomes]
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--json", help="write counts and outcomes to this file")
+    parser.add_argument("-k", dest="pattern", help="run only tests whose id contains this")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("ids", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _run_child(args.ids, args.child, args.verbose)
+        return 0
+    ids = [_key_of(t) for t in build_suite()]
+    if args.pattern:
+        ids = [k for k in ids if args.pattern in k]
+    start = time.monotonic()
+    outcomes = run(ids, args.verbose)
+    for key, value in outcomes.items():
+        if key in EXPECTED_FAILURES:
+            if value[0] in ("failed", "error", "crashed"):
+                value[0] = "expected failure"
+            elif value[0] == "passed":
+                value[0] = "unexpected success"
+    values = [v[0] for v in outcomes.values()]
+    counts = {
+        name: values.count(outcome)
+        for name, outcome in (
+            ("passed", "passed"),
+            ("failed", "failed"),
+            ("errors", "error"),
+            ("crashed", "crashed"),
+            ("skipped", "skipped"),
+            ("expected_failures", "expected failure"),
+            ("unexpected_successes", "unexpected success"),
+        )
+    }
+    counts.update(
+        seconds=round(time.monotonic() - start, 1),
+        python=sys.version.split()[0],
+        fastpool=fastpool.__version__,
+    )
+    bad = {
+        k: v
+        for k, v in outcomes.items()
+        if v[0] in ("failed", "error", "crashed", "unexpected success")
+    }
+    for key, (outcome, detail) in sorted(bad.items()):
+        print(f"{outcome.upper()}: {key}\n{detail}", file=sys.stderr)
+    print(json.dumps(counts), file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"counts": counts, "outcomes": outcomes}, f, indent=1)
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Compatibility details with concurrent.futures users hit (issue 15, section 6): a worker
+looks like a child process to multiprocessing; initargs with multiprocessing locks and queues
+are refused with the alternative named; Python 3.14's terminate_workers()/kill_workers()."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from concurrent.futures import BrokenExecutor
+
+import pytest
+
+import fastpool
+
+
+def _identity() -> tuple:
+    proc = multiprocessing.current_process()
+    parent = multiprocessing.parent_process()
+    return proc.name, parent is not None and parent.pid, parent is not None and parent.is_alive()
+
+
+def test_a_worker_looks_like_a_child_process_to_multiprocessing():
+    with fastpool.Pool(1) as pool:
+        name, parent_pid, alive = pool.submit(_identity).result(timeout=60)
+    assert name != "MainProcess" and name.startswith("fastpool-worker-")
+    assert parent_pid == os.getpid() and alive
+
+
+@pytest.mark.parametrize("make", ["Lock", "Queue", "Event"])
+def test_initargs_with_a_multiprocessing_lock_queue_or_event_is_a_clear_type_error(make):
+    obj = getattr(multiprocessing, make)()
+    with pytest.raises(TypeError, match=r"Manager\(\) proxy"):
+        fastpool.Pool(1, initializer=print, initargs=(obj,))
+
+
+def _set_global(value) -> None:
+    global SEEN
+    SEEN = value
+
+
+def test_a_manager_proxy_in_initargs_works():
+    with multiprocessing.Manager() as m:
+        lock = m.Lock()
+        with fastpool.Pool(1, initializer=_set_global, initargs=(lock,)) as pool:
+            assert pool.submit(os.getpid).result(timeout=60) > 0
+
+
+def _announce_then_sleep(path: str, s: float) -> float:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(s)
+    return s
+
+
+@pytest.mark.parametrize("method", ["terminate_workers", "kill_workers"])
+def test_terminate_and_kill_workers_stop_running_and_queued_work(method, tmp_path):
+    pool = fastpool.Pool(1)
+    marker = tmp_path / "started"
+    running = pool.submit(_announce_then_sleep, str(marker), 60)
+    queued = [pool.submit(time.sleep, 60) for _ in range(3)]
+    while not marker.exists() or not marker.read_text():  # the task really runs
+        time.sleep(0.01)
+    pid = int(marker.read_text())
+    getattr(pool, method)()
+    with pytest.raises(BrokenExecutor):
+        running.result(timeout=30)  # long before the 60 s task could end
+    for f in queued:  # none runs its 60 s
+        assert f.cancelled() or isinstance(f.exception(timeout=30), BrokenExecutor)
+    with pytest.raises(RuntimeError):
+        pool.submit(os.getpid)
+    pool.shutdown(wait=True)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
