@@ -27,8 +27,9 @@ from fastpool import errors
 from fastpool._runtime._lazy import asyncio  # only a task returning a coroutine needs it
 
 from fastpool._native._core cimport (
-    FP_AUX_FLUSH, FP_AUX_FN_ID, FP_AUX_FN_LEN, FP_AUX_HANDOFFS, FP_K_CALL, FP_K_CALLKW, FP_K_STARCHUNK, FP_K_STOP,
-    FP_K_TASK_LIMIT, FP_R_BAD_RESULT, FP_R_ERR, FP_R_OK, FP_R_SKIPPED, Board, fp_now_ns, fp_recv_t,
+    FP_AUX_FLUSH, FP_AUX_FN_ID, FP_AUX_FN_LEN, FP_AUX_HANDOFFS, FP_K_CALL, FP_K_CALLKW,
+    FP_K_STARCHUNK, FP_K_STOP, FP_K_TASK_LIMIT, FP_R_BAD_RESULT, FP_R_ERR, FP_R_OK, FP_R_SKIPPED,
+    Board, fp_now_ns, fp_recv_t,
 )
 from fastpool._native._alloc cimport owned_roots
 from fastpool._native._sys cimport FP_AGAIN, FP_OK
@@ -147,7 +148,8 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
                         out, rkind = encode_exception(exc), FP_R_ERR
                     except errors.SegmentCorrupt as exc:  # its arena region was written over
                         out, rkind, damaged = encode_exception(exc), FP_R_ERR, True
-                    except Exception as exc:  # noqa: BLE001 - an unpicklable result fails only its future
+                    # an unpicklable result fails only its future
+                    except Exception as exc:  # noqa: BLE001
                         out, rkind = encode_bad_result(wire >> 3, exc, result), FP_R_BAD_RESULT
             result = None
         except BaseException as exc:  # noqa: BLE001 - SystemExit from a task is the task's error
@@ -158,7 +160,8 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
         else:
             outp, outn = PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out)
         try:
-            sent = board.put_result(slot, rkind, wire, (fp_now_ns() - t0) | flags, outp, outn, RESULT_WAIT_NS) == 1
+            sent = board.put_result(
+                slot, rkind, wire, (fp_now_ns() - t0) | flags, outp, outn, RESULT_WAIT_NS) == 1
         except Exception as exc:  # noqa: BLE001 - a result over the ring limit: say so instead
             if handed is not None:
                 handed.release()
