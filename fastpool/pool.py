@@ -13,23 +13,17 @@ Data flow:
                               (_verdict) on the thread that drives
     telemetry                 stats() and crash records
 
-This module is the facade: it checks options, wires the rooms together, and
-owns the pool's life (``_Runtime``: start, shutdown, teardown).  The running
-machinery never holds a reference to the Pool object, so a pool dropped
-without ``shutdown`` is collected and shuts itself down, after the work it
-accepted settles (a map iterator holds its pool; the map engine is
-``_runtime._mapper``).
+This module is the facade: it checks options and answers the public calls.  A
+pool's life (building its parts, shutdown, interrupt, teardown, at exit, after
+fork) is ``_supervision._lifetime``, whose ``Runtime`` never holds the Pool
+object, so a pool dropped without ``shutdown`` is collected and shuts itself
+down, after the work it accepted settles (a map iterator holds its pool; the
+map engine is ``_runtime._mapper``).
 """
 
 from __future__ import annotations
 
-import atexit
-import logging
-import os
 import signal
-import sys
-import threading
-import weakref
 from concurrent.futures import Executor, Future
 from typing import (
     TYPE_CHECKING,
@@ -49,20 +43,18 @@ from typing import (
 
 from fastpool import errors, telemetry
 from fastpool._integrations import _progress
-from fastpool._native import _arena, _ndarray
-from fastpool._native._core import Board, check_ring_bytes
-from fastpool._runtime import _codec, _dispatch, _mapper, _template
+from fastpool._native import _ndarray
+from fastpool._native._core import check_ring_bytes
+from fastpool._runtime import _mapper, _template
 from fastpool._runtime._call import TaskFunction
-from fastpool._supervision import _policy, _sizing
-from fastpool._supervision._supervisor import DEFAULT_START_TIMEOUT_S, STOP_GRACE_S, Supervisor
+from fastpool._supervision import _lifetime, _policy, _sizing
+from fastpool._supervision._supervisor import DEFAULT_START_TIMEOUT_S
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import ArrayLike, DTypeLike, NDArray
 
     from fastpool._integrations._aio import AsyncMap
-
-log = logging.getLogger("fastpool")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -73,167 +65,6 @@ S = TypeVar("S", bound="np.generic")
 ShapeLike = Union[SupportsIndex, Sequence[SupportsIndex]]
 
 DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched pages cost
-INTERRUPT_GRACE_S = 0.4  # Ctrl-C: how long interrupted tasks get to return before SIGKILL
-
-_dispatch.set_parent_spin(float(os.environ.get("FASTPOOL_PARENT_SPIN_US", "80")) * 1e-6)
-_live: "weakref.WeakSet[_Runtime]" = weakref.WeakSet()
-
-
-def _shutdown_all_at_exit() -> None:
-    """At interpreter exit, every pool finishes the work it accepted, as
-    ProcessPoolExecutor's exit hook does (concurrent/futures/process.py,
-    ``_python_exit``): only ``cancel_futures=True`` dropped work earlier.
-
-    A script that ends on Ctrl-C (or is interrupted while it waits here) must
-    not wait for its running tasks: the workers run in their own session, so the
-    terminal's SIGINT never reached them.  Interrupt them as __exit__ would."""
-    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    interrupted = isinstance(last, KeyboardInterrupt)
-    for rt in list(_live):
-        try:
-            if not interrupted:
-                try:
-                    rt.shutdown(wait=True, cancel_futures=False)
-                    continue
-                except KeyboardInterrupt:
-                    interrupted = True
-            rt.interrupt()
-        except BaseException:  # noqa: BLE001 - interpreter teardown: best effort, even a 2nd Ctrl-C
-            pass
-
-
-# Plain atexit, not threading._register_atexit as CPython's executors use: this runs
-# after the non-daemon threads were joined, so a lazy map that such a thread still
-# consumes keeps submitting its chunks until it ends.
-atexit.register(_shutdown_all_at_exit)
-
-
-def _disown_after_fork() -> None:
-    # A forked child inherits every pool's objects but none of its threads, and the
-    # workers are the parent's: the child must never stop, signal or kill them, write
-    # the board, or unmap what they use.  Its atexit hook then
-    # finds no pool, and its finalisers find closed, disowned ones.
-    for rt in list(_live):
-        rt.disown()
-    _live.clear()
-
-
-os.register_at_fork(after_in_child=_disown_after_fork)
-
-
-class _Runtime:
-    """A pool's running parts and their life: threads, teardown.  Holds no Pool."""
-
-    def __init__(
-        self, board: Board, arena: Any, disp: Any, sup: Supervisor, tel: telemetry.Telemetry
-    ) -> None:
-        self.board, self.arena, self.disp, self.sup, self.tel = board, arena, disp, sup, tel
-        self.lock = threading.Lock()
-        self.stopping = False
-        self.disowned = False  # a forked child's copy of the parent's pool: never touched
-        self.torn_down = threading.Event()
-        self.handoff = threading.Event()
-        self.supervisor_thread = threading.Thread(
-            target=sup.run, name="fastpool-supervisor", daemon=True
-        )
-        self.collector_thread = threading.Thread(
-            target=self._collect, name="fastpool-collector", daemon=True
-        )
-
-    def start(self) -> None:
-        self.supervisor_thread.start()
-        self.collector_thread.start()
-        _live.add(self)
-
-    def _idle_closed(self) -> bool:
-        return (
-            self.disp.closed
-            and (self.disp.inflight == 0 or self.stopping)
-            and not self.board.wanted()
-        )
-
-    def _collect(self) -> None:
-        self.disp.collector_loop(self.handoff, self._idle_closed)
-        if not self.torn_down.is_set():
-            self.teardown()
-
-    def disown(self) -> None:
-        """In a forked child: closed for submits, and every teardown path a no-op."""
-        self.disowned = self.stopping = True
-        self.torn_down.set()
-        self.disp.close()
-        self.board.disown()  # the arena disowns itself (fastpool/_native/_arena.pyx)
-
-    def shutdown(self, wait: bool, cancel_futures: bool) -> None:
-        if self.disowned:
-            return
-        self.disp.close()
-        if cancel_futures:
-            self.disp.cancel_queued()
-        self.board.kick()
-        if wait and self.disp.holding_drive():
-            # Called from a done-callback on the thread that consumes results: waiting
-            # here would wait on ourselves.  The collector finishes the teardown.
-            wait = False
-        if wait:
-            self.disp.drive(lambda: self.disp.inflight == 0 or self.stopping, None)
-            self.teardown()
-        else:
-            self.handoff.set()
-
-    def interrupt(self) -> None:
-        """Ctrl-C: cancel the queue, interrupt running tasks, tear down within ~1 s."""
-        if self.disowned:
-            return
-        self.disp.close()
-        self.disp.cancel_queued()
-        self.sup.interrupt_running()
-        try:  # what the interrupted tasks send back (their KeyboardInterrupt) settles
-            self.disp.drive(lambda: self.disp.inflight == 0, INTERRUPT_GRACE_S)
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C: still tear down, only faster
-        self.teardown(grace_s=INTERRUPT_GRACE_S)
-
-    def teardown(self, grace_s: float = STOP_GRACE_S) -> None:
-        with self.lock:
-            already, self.stopping = self.stopping, True
-        if already:
-            self.torn_down.wait(10)
-            return
-        disp, sup = self.disp, self.sup
-        disp.close()
-        disp.cancel_queued()
-        try:
-            sup.stop_workers()
-            self.supervisor_thread.join(5)
-            sup.reap_workers(grace_s)
-            disp.abandon(_abandoned)
-        finally:
-            disp.set_torn_down()
-            self.torn_down.set()
-            if threading.current_thread() is not self.collector_thread:
-                self.collector_thread.join(5)
-            others = [
-                t
-                for t in (self.collector_thread, self.supervisor_thread)
-                if t.is_alive() and t is not threading.current_thread()
-            ]
-            if others:
-                # A thread that still runs may be inside a wait on the board: unmapping
-                # under it would crash the process.  Leave the mappings to process exit.
-                log.error(
-                    "fastpool: %s did not stop; the pool's shared memory stays mapped",
-                    ", ".join(t.name for t in others),
-                )
-            else:
-                disp.lock_drive()
-                try:
-                    self.board.close()
-                finally:
-                    disp.unlock_drive()
-                self.arena.close()
-            sup.close()
-            _live.discard(self)
 
 
 def _is_int(x: Any) -> bool:
@@ -242,29 +73,6 @@ def _is_int(x: Any) -> bool:
 
 def _is_seconds(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
-
-
-def _refuse_inherited_only(exc: BaseException) -> None:
-    """initargs with a multiprocessing Lock, Queue, Event...: those pass only by inheritance
-    to a child of the process that made them, and fastpool's workers are the template's
-    children, so they are refused with the alternative named."""
-    cause = exc.__cause__
-    if isinstance(cause, RuntimeError) and "through inheritance" in str(cause):
-        raise TypeError(
-            "initargs holds a multiprocessing synchronisation object (Lock, Queue, Event, "
-            f"Semaphore...: {cause}); fastpool's workers are not children of this process, so "
-            "it cannot be inherited. Pass a multiprocessing.Manager() proxy instead (m = "
-            "multiprocessing.Manager(); Pool(initargs=(m.Lock(),)) or m.Queue(), m.Event())"
-        ) from exc
-
-
-def _abandoned(task: Any) -> BaseException:
-    if task.t_dispatch:
-        return errors.BrokenPool(
-            f"the pool was shut down while task {task.id} ran (or was held by a "
-            "worker); its worker was stopped"
-        )
-    return errors.BrokenPool(f"the pool was shut down before task {task.id} ran")
 
 
 class Pool(Executor):
@@ -367,7 +175,6 @@ class Pool(Executor):
         self._n = workers
         if blas_threads is None:
             blas_threads = max(1, _sizing.usable_cpus() // workers)
-        init_fn = _codec.function_bytes(initializer) if initializer is not None else None
         settings = dict(
             task_timeout=task_timeout,
             hang_timeout=hang_timeout,
@@ -391,54 +198,29 @@ class Pool(Executor):
                 max_failures, breaker_open_s, _policy.Backoff(backoff_base_s, backoff_cap_s)
             )
 
-        opened: list[Any] = []
-        try:
-            board = Board.create(workers, ring_bytes)
-            opened.append(board)
-            arena = _arena.Arena.create(
-                workers, _arena.default_budget() if arena_bytes is None else arena_bytes
-            )
-            opened.append(arena)
-            self._keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
-            try:
-                init_payload = _codec.encode_init(
-                    (init_fn, tuple(initargs), blas_threads), arena, self._keep
-                )
-            except errors.SerializationError as exc:
-                _refuse_inherited_only(exc)
-                raise
-            if len(init_payload) > board.max_record:
-                from fastpool._native._core import ring_limit_error
-
-                raise ring_limit_error(
-                    "initializer and initargs",
-                    len(init_payload),
-                    board.max_record,
-                    "pass large data as shared arrays (they travel by descriptor) or "
-                    "raise Pool(ring_bytes=...)",
-                )
-            tel = telemetry.Telemetry()
-            disp = _dispatch.Dispatcher(
-                board,
-                workers,
-                max_queue=max_queue,
-                reject=on_full == "reject",
-                queue_timeout=queue_timeout,
-                max_tasks=max_tasks_per_worker,
-                arena=arena,
-                hooks=None,
-            )
-            sup = Supervisor(workers, board, arena, disp, tel, init_payload, settings, breaker)
-            opened.append(sup)
-            disp.set_hooks(sup)
-            sup.spawn_all()
-        except BaseException:
-            for thing in reversed(opened):  # the connection's close also ends any worker started
-                thing.close()
-            raise
-        self._board, self._arena, self._disp, self._sup, self._tel = board, arena, disp, sup, tel
-        self._rt = _Runtime(board, arena, disp, sup, tel)
-        self._rt.start()
+        self._keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
+        self._rt = rt = _lifetime.start(
+            workers,
+            initializer=initializer,
+            initargs=initargs,
+            blas_threads=blas_threads,
+            keep=self._keep,
+            ring_bytes=ring_bytes,
+            arena_bytes=arena_bytes,
+            max_queue=max_queue,
+            on_full=on_full,
+            queue_timeout=queue_timeout,
+            max_tasks_per_worker=max_tasks_per_worker,
+            settings=settings,
+            breaker=breaker,
+        )
+        self._board, self._arena, self._disp, self._sup, self._tel = (
+            rt.board,
+            rt.arena,
+            rt.disp,
+            rt.sup,
+            rt.tel,
+        )
 
     # ---- public API ------------------------------------------------------------------
 

@@ -129,6 +129,7 @@ MACHINERY = frozenset(
     {
         "fastpool",  # the package: loads pool.py
         "fastpool.pool",
+        "fastpool._supervision._lifetime",
         "fastpool._runtime._worker",
         "fastpool._runtime._template",
         "fastpool._supervision._supervisor",
@@ -151,6 +152,7 @@ PURE = (
 )
 PARENT = (
     "fastpool.pool",
+    "fastpool._supervision._lifetime",
     "fastpool._supervision._supervisor",
     "fastpool._runtime._task",
     "fastpool._runtime._slots",
