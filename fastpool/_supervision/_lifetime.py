@@ -174,7 +174,12 @@ class Runtime:
     """A pool's running parts and their life: threads, teardown.  Holds no Pool."""
 
     def __init__(
-        self, board: Board, arena: Any, disp: Any, sup: Supervisor, tel: telemetry.Telemetry
+        self,
+        board: Board,
+        arena: _arena.Arena,
+        disp: _dispatch.Dispatcher,
+        sup: Supervisor,
+        tel: telemetry.Telemetry,
     ) -> None:
         self.board, self.arena, self.disp, self.sup, self.tel = board, arena, disp, sup, tel
         self.lock = threading.Lock()
