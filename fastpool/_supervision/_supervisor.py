@@ -17,7 +17,9 @@ slot_stopping, set_accepting, slot_view, task_on, settle_death, set_paused,
 set_circuit) and is reached back through three (``on_event`` with a typed
 SlotEvent, ``on_attention``, ``circuit_error``), which the dispatcher calls with
 none of its locks held.  A death reaches the dispatcher in one call,
-``settle_death(slot, judge)``: ``_judge`` decides each task's Fate from _verdict.
+``settle_death(slot, judge)``: ``_judge`` decides each task's Fate (_deaths: the
+facts, the victim, the fates; _verdict: the cause).  The checks of live workers
+(_watch) return decisions that this module carries out; each slot's record is _slot.
 Lock order: the supervisor's lock, then (inside dispatcher methods) the
 dispatcher's.
 """
@@ -40,79 +42,17 @@ from typing import Any, Callable
 from fastpool import errors, telemetry
 from fastpool._runtime import _codec, _template
 from fastpool._runtime._events import Fate, Happened, SlotEvent
-from fastpool._supervision import _memory, _policy, _verdict
+from fastpool._supervision import _deaths, _memory, _policy, _verdict, _watch
+from fastpool._supervision._slot import Slot, stats_row
 from fastpool._supervision._verdict import Cause, Kill
 
 log = logging.getLogger("fastpool")
 
-# The worker loop's own exits, taken between tasks (fastpool/_runtime/_serve.pyx):
-# a result that found no room, a damaged task ring, a damaged arena region.
-_EXITS_BETWEEN_TASKS = frozenset((5, 6, 7))
 EXIT_STATUS_WAIT_S = 1.0
 STOP_GRACE_S = 2.0
 DEFAULT_START_TIMEOUT_S = 60.0
 
 _reqs = itertools.count(1)
-
-
-class Slot:
-    """The supervisor's facts about one worker slot (states: empty, starting, ready,
-    backing_off, open, dead)."""
-
-    __slots__ = (
-        "id",
-        "state",
-        "pid",
-        "pidfd",
-        "breaker",
-        "spawned_at",
-        "kill",
-        "req",
-        "cur_seen",
-        "cur_since",
-        "hb_seen",
-        "hb_since",
-        "init_error",
-        "mem",
-        "cg",
-        "cg_text",
-        "oom_before",
-        "oom_last",
-        "baseline",
-        "via",
-        "retiring",
-        "start_deadline",
-        "kill_pending",
-    )
-
-    def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
-        self.id = sid
-        self.state = "empty"
-        self.pid: int | None = None
-        self.pidfd: int | None = None
-        self.breaker = breaker
-        self.spawned_at = 0.0
-        self.kill: Kill | None = None
-        self.req = 0
-        self.cur_seen = 0
-        self.cur_since = 0.0
-        self.hb_seen = -1
-        self.hb_since = 0.0
-        self.init_error: BaseException | None = None
-        self.mem: _memory.WorkerMemory | None = None
-        self.cg: dict | None = None
-        self.cg_text: str | None = None
-        self.oom_before: int | None = None
-        self.oom_last: int | None = None
-        self.baseline: int | None = None
-        self.via: Any = None  # the template connection that forked this slot's worker
-        self.retiring = False
-        self.start_deadline = 0.0
-        self.kill_pending = False  # a SIGKILL decided before the worker's pidfd arrived
-
-    @property
-    def live(self) -> bool:
-        return self.state in ("starting", "ready")
 
 
 class Supervisor:
@@ -287,7 +227,7 @@ class Supervisor:
         (_verdict), the others never started and go back to the queue."""
         with self.lock:
             if slot.pid != pid:
-                return [(t, Fate.REQUEUE, None) for t in tasks]
+                return _deaths.requeue_all(tasks)
             try:
                 self.arena.reclaim(slot.id)  # the dead worker's references on shared blocks
             except errors.SegmentCorrupt:
@@ -296,25 +236,8 @@ class Supervisor:
             kill, slot.kill = slot.kill, None
             fates: list[tuple[Any, Fate, BaseException | None]] = []
             if kill is not None and kill.cause is Cause.CORRUPT:
-                # Its ring and slot words are not to be trusted: which of its tasks ran
-                # cannot be known, so none is run again; each fails with the damage.
-                for t in tasks:
-                    damage = errors.SegmentCorrupt(
-                        f"task {t.id} was held by worker {slot.id} (pid {pid}), which damaged "
-                        f"the pool's shared memory ({kill.detail}); the worker was killed and "
-                        "replaced"
-                    )
-                    fates.append((t, Fate.FAIL, damage))
-                tasks = []
-            victim = next((t for t in tasks if t.wire == current), None)
-            if victim is None and tasks and kill is None and not self.stopping:
-                if exitcode not in _EXITS_BETWEEN_TASKS:
-                    # `current` is a word the task itself can overwrite.  A death nobody
-                    # asked for, outside the worker loop's own exits between tasks, hit
-                    # the oldest task held (the only one that can have started): it is
-                    # judged, so a non-pure task that scribbled `current` never runs
-                    # again.
-                    victim = tasks[0]
+                fates, tasks = _deaths.corrupt_fates(tasks, slot.id, pid, kill.detail), []
+            victim = _deaths.victim_of(tasks, current, kill, exitcode, self.stopping)
             # never started: back to the front
             fates += [(t, Fate.REQUEUE, None) for t in tasks if t is not victim]
             planned = self.stopping or (kill is not None and kill.cause.planned)
@@ -325,20 +248,14 @@ class Supervisor:
                     self._spawn(slot, time.monotonic())  # a planned exit: no backoff, no breaker
                 return fates
             death = self._death_facts(slot, pid, exitcode, kill)
-            facts = _task_facts(victim) if victim is not None else None
+            facts = _deaths.task_facts(victim) if victim is not None else None
             cause, detail = _verdict.cause_of(death, facts)
             result = _verdict.outcome(cause, facts) if facts is not None else None
             self.tel.count("killed" if cause.by_fastpool else "crashed")
             rec = _verdict.record(death, cause, detail, facts, result)
             self.tel.crash(rec)
             if victim is not None and facts is not None:
-                if victim.cancel_requested:
-                    fates.append((victim, Fate.CANCEL, None))
-                elif result == "retry":
-                    fates.append((victim, Fate.RETRY, None))
-                else:
-                    exc = _verdict.exception_for(death, cause, detail, facts, result or "fail")
-                    fates.append((victim, Fate.FAIL, exc))
+                fates.append(_deaths.victim_fate(victim, death, cause, detail, facts, result))
             if cause.verdict:
                 # The worker was healthy; fastpool stopped it for its task.
                 slot.pid, slot.state = None, "backing_off"
@@ -355,35 +272,17 @@ class Supervisor:
     def _death_facts(
         self, slot: Slot, pid: int, exitcode: int | None, kill: Kill | None
     ) -> _verdict.Death:
-        confirmed, evidence = False, ""
-        if exitcode == -signal.SIGKILL and kill is None:
-            after = _memory.oom_kill_count(slot.cg) if slot.cg else None
-            mem = slot.mem
-            confirmed, evidence = _memory.judge_sigkill(
-                slot.oom_before,
-                after,
-                mem.current_bytes if mem and mem.samples else None,
-                _cgroup_limit(slot.cg) or self.settings["memory_limit"],
-                False,
-            )
-        mem = slot.mem
-        limit = self.settings["memory_limit"]
-        if confirmed:
-            limit = _cgroup_limit(slot.cg) or limit
-        return _verdict.Death(
+        return _deaths.death_facts(
             slot=slot.id,
             pid=pid,
             exitcode=exitcode,
             kill=kill,
             starting=slot.state == "starting",
             init_error=slot.init_error,
-            oom_confirmed=confirmed,
-            oom_evidence=evidence,
-            memory=_verdict.MemoryFacts(
-                limit,
-                mem.current_bytes if mem and mem.samples else None,
-                mem.peak_bytes if mem and mem.samples else None,
-            ),
+            mem=slot.mem,
+            cg=slot.cg,
+            oom_before=slot.oom_before,
+            memory_limit=self.settings["memory_limit"],
             age_s=time.monotonic() - slot.spawned_at,
             served=self.disp.slot_view(slot.id)[2],
         )
@@ -561,7 +460,7 @@ class Supervisor:
         )
         self.tel.crash(_verdict.record(death, cause, detail, None, None))
         # nothing is dispatched to a starting slot; whatever was goes back to the queue
-        self.disp.settle_death(slot.id, _requeue_all)
+        self.disp.settle_death(slot.id, _deaths.requeue_all)
         restart = self._schedule_restart(slot, cause, detail)
         level, text = _verdict.sentence(death, cause, detail, None, None, restart)
         log.log(level, text)
@@ -650,24 +549,12 @@ class Supervisor:
                     slot.hb_seen, slot.hb_since = hb, now
                 if not cur:
                     continue
-                task = self.disp.task_on(slot.id, cur)
-                limit = (
-                    task.options.timeout
-                    if task is not None and task.options and task.options.timeout
-                    else task_timeout
+                limit = _watch.task_limit(self.disp.task_on(slot.id, cur), task_timeout)
+                kill = _watch.liveness_kill(
+                    now, cur, slot.cur_since, slot.hb_since, limit, hang_timeout
                 )
-                if limit and now - slot.cur_since > limit:
-                    self.kill(slot, Kill(Cause.TIMEOUT, cur, f"{limit:g}"))
-                elif hang_timeout and now - slot.hb_since > hang_timeout:
-                    self.kill(
-                        slot,
-                        Kill(
-                            Cause.HUNG,
-                            cur,
-                            f"no heartbeat for {now - slot.hb_since:.1f} s "
-                            f"(hang_timeout={hang_timeout:g} s)",
-                        ),
-                    )
+                if kill is not None:
+                    self.kill(slot, kill)
 
     def _check_memory(self) -> None:
         """Owned memory per worker (limit, leak), its cgroup's OOM counter, and system pressure."""
@@ -701,19 +588,11 @@ class Supervisor:
                 # a reading may already count this worker's own kill: see oom_baseline
                 slot.oom_before = _memory.oom_baseline(slot.oom_before, slot.oom_last, count)
                 slot.oom_last = count
-            if limit and sample.rss_bytes > limit:
+            if _watch.over_memory_limit(sample.rss_bytes, limit):
                 cur = self.board.current(slot.id) if slot.state == "ready" else 0
                 with self.lock:
                     if slot.kill is None:
-                        self.kill(
-                            slot,
-                            Kill(
-                                Cause.MEMORY,
-                                cur or None,
-                                f"{sample.rss_bytes / 2**20:.1f} MiB, over memory_limit "
-                                f"{limit / 2**20:.1f} MiB",
-                            ),
-                        )
+                        self.kill(slot, _watch.memory_kill(sample.rss_bytes, limit, cur))
                 continue
             served = self.disp.slot_view(slot.id)[2]
             if served >= 1 and slot.baseline is None:
@@ -739,7 +618,7 @@ class Supervisor:
         except Exception:  # noqa: BLE001 - a reading we cannot take pauses nothing
             return
         self.last_available = avail
-        paused = avail < floor
+        paused = _watch.paused_by_pressure(avail, floor)
         if paused != self.paused:
             self.paused = paused
             if paused:
@@ -822,60 +701,10 @@ class Supervisor:
         now = time.monotonic()
         out = []
         for s in self.slots:
-            st = s.state
             live = s.live and board_open
             info = self.board.slot_info(s.id) if live else (0, 0, 0, 0, 0)
-            ready, accepting, served, assigned = self.disp.slot_view(s.id)
-            out.append(
-                dict(
-                    slot=s.id,
-                    pid=s.pid,
-                    state=st,
-                    health="healthy" if s.live else s.breaker.state(now),
-                    failures=s.breaker.failures,
-                    current_task=(info[2] >> 3) or None,
-                    served=served,
-                    assigned=assigned,
-                    heartbeat=info[3],
-                    age_s=(now - s.spawned_at) if s.pid else None,
-                    rss_bytes=s.mem.current_bytes if s.mem and live else None,
-                    peak_rss_bytes=s.mem.peak_bytes if s.mem else None,
-                    retiring=s.retiring or not accepting,
-                )
-            )
+            out.append(stats_row(s, info, self.disp.slot_view(s.id), live, now))
         return out
-
-
-def _requeue_all(tasks: list[Any]) -> list[tuple[Any, Fate, BaseException | None]]:
-    return [(t, Fate.REQUEUE, None) for t in tasks]
-
-
-def _task_facts(task: Any) -> _verdict.TaskFacts:
-    return _verdict.TaskFacts(
-        id=task.id,
-        wire=task.wire,
-        fn_name=task.fn_name,
-        args=task.describe_args(),  # facts from submit: a dead task's bytes never run here
-        options=task.options,
-        attempts=task.attempt,
-        transferred=task.transferred,
-    )
-
-
-def _cgroup_limit(cg: dict | None) -> int | None:
-    """The memory limit of one cgroup (v2 memory.max or v1 memory.limit_in_bytes)."""
-    if not cg:
-        return None
-    for key, name in (("v2", "memory.max"), ("v1_memory", "memory.limit_in_bytes")):
-        path = cg.get(key)
-        if path is not None:
-            try:
-                value = int((path / name).read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue
-            if value < 1 << 60:
-                return value
-    return None
 
 
 def select_read(fd: Any, timeout: float) -> bool:

@@ -116,9 +116,9 @@ def test_the_board_headers_old_want_word_cannot_stall_the_collector(value: int) 
 @pytest.mark.parametrize("value", [0, 12345, (1 << 64) - 1])
 def test_a_task_that_scribbles_its_current_word_and_dies_runs_once(tmp_path, value) -> None:
     from fastpool._runtime import _serve
-    from fastpool._supervision import _supervisor
+    from fastpool._supervision import _deaths
 
-    assert _supervisor._EXITS_BETWEEN_TASKS == {
+    assert _deaths.EXITS_BETWEEN_TASKS == {
         _serve.EXIT_RESULT_STUCK,
         _serve.EXIT_TASK_RING_CORRUPT,
         _serve.EXIT_ARENA_CORRUPT,

@@ -149,6 +149,9 @@ PURE = (
     "fastpool._supervision._sizing",
     "fastpool._supervision._memory",
     "fastpool._supervision._verdict",
+    "fastpool._supervision._deaths",
+    "fastpool._supervision._watch",
+    "fastpool._supervision._slot",
 )
 PARENT = (
     "fastpool.pool",
@@ -212,7 +215,8 @@ RULES: list[tuple[str, Rule]] = [
         (
             m,
             Rule(
-                "policy, sizing, memory and verdicts are pure: tested without processes",
+                "policy, sizing, memory, verdicts, deaths, watch and slot records are pure: "
+                "tested without processes",
                 must_not_import=MACHINERY,
             ),
         )

@@ -1,0 +1,101 @@
+"""One worker slot's record: what the supervisor knows of it (state, process,
+breaker, memory, liveness readings), and the row ``worker_stats`` reports for it.
+
+    states: empty -> starting -> ready -> (dead | backing_off | open) -> starting ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastpool._supervision import _memory, _policy
+from fastpool._supervision._verdict import Kill
+
+
+class Slot:
+    """The supervisor's facts about one worker slot (states: empty, starting, ready,
+    backing_off, open, dead)."""
+
+    __slots__ = (
+        "id",
+        "state",
+        "pid",
+        "pidfd",
+        "breaker",
+        "spawned_at",
+        "kill",
+        "req",
+        "cur_seen",
+        "cur_since",
+        "hb_seen",
+        "hb_since",
+        "init_error",
+        "mem",
+        "cg",
+        "cg_text",
+        "oom_before",
+        "oom_last",
+        "baseline",
+        "via",
+        "retiring",
+        "start_deadline",
+        "kill_pending",
+    )
+
+    def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
+        self.id = sid
+        self.state = "empty"
+        self.pid: int | None = None
+        self.pidfd: int | None = None
+        self.breaker = breaker
+        self.spawned_at = 0.0
+        self.kill: Kill | None = None
+        self.req = 0
+        self.cur_seen = 0
+        self.cur_since = 0.0
+        self.hb_seen = -1
+        self.hb_since = 0.0
+        self.init_error: BaseException | None = None
+        self.mem: _memory.WorkerMemory | None = None
+        self.cg: dict | None = None
+        self.cg_text: str | None = None
+        self.oom_before: int | None = None
+        self.oom_last: int | None = None
+        self.baseline: int | None = None
+        self.via: Any = None  # the template connection that forked this slot's worker
+        self.retiring = False
+        self.start_deadline = 0.0
+        self.kill_pending = False  # a SIGKILL decided before the worker's pidfd arrived
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("starting", "ready")
+
+
+def stats_row(
+    slot: Slot,
+    info: tuple[int, int, int, int, int],
+    view: tuple[bool, bool, int, int],
+    live: bool,
+    now: float,
+) -> dict[str, Any]:
+    """The row Pool.worker_stats() reports for one slot: ``info`` is its board words
+    (zeros when not live), ``view`` the dispatcher's (ready, accepting, served, assigned),
+    ``live`` whether its worker is live and the board open."""
+    _, accepting, served, assigned = view
+    mem = slot.mem
+    return dict(
+        slot=slot.id,
+        pid=slot.pid,
+        state=slot.state,
+        health="healthy" if slot.live else slot.breaker.state(now),
+        failures=slot.breaker.failures,
+        current_task=(info[2] >> 3) or None,
+        served=served,
+        assigned=assigned,
+        heartbeat=info[3],
+        age_s=(now - slot.spawned_at) if slot.pid else None,
+        rss_bytes=mem.current_bytes if mem and live else None,
+        peak_rss_bytes=mem.peak_bytes if mem else None,
+        retiring=slot.retiring or not accepting,
+    )
