@@ -44,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from fastpool import errors
 from fastpool._integrations import _joblib_pools, _joblib_task
+from fastpool._runtime import _mapper
 from fastpool._runtime._arrays import _block_of
 from fastpool._runtime._codec import function_bytes
 from fastpool._supervision._sizing import usable_cpus
@@ -328,7 +329,7 @@ class FastpoolBackend(AutoBatchingMixin, ParallelBackendBase):
         duration: float = vars(self)["_smoothed_batch_duration"]
         size = super().compute_batch_size()
         if size > old and duration > 0:
-            ideal = 2 * int(old * self.MIN_IDEAL_BATCH_DURATION / duration)
+            ideal = 2 * _mapper.aimed_size(old, duration, self.MIN_IDEAL_BATCH_DURATION)
             size = self._effective_batch_size = max(size, min(BATCH_GROWTH * old, ideal))
         return size
 

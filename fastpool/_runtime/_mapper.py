@@ -148,8 +148,15 @@ class Chunks:
     def measured(self, items: int, run_s: float | None) -> None:
         """A chunk of ``items`` items ran ``run_s`` seconds: aim the next at target_s."""
         if self.adaptive and items and run_s is not None:
-            per_item = max(run_s / items, 1e-9)
-            self.size = int(min(MAX_CHUNKSIZE, max(1, self.target_s / per_item)))
+            self.size = aimed_size(items, run_s, self.target_s)
+
+
+def aimed_size(items: int, run_s: float, target_s: float) -> int:
+    """The chunk size that runs about ``target_s`` seconds, from a chunk of ``items``
+    items that ran ``run_s`` seconds: the one rule for adaptive chunk sizes (a map's
+    chunks here, the joblib backend's batches), between 1 and MAX_CHUNKSIZE."""
+    per_item = max(run_s / max(items, 1), 1e-9)
+    return int(min(MAX_CHUNKSIZE, max(1, target_s / per_item)))
 
 
 def outcome(value: Any) -> tuple[list, BaseException | None]:
