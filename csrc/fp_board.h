@@ -24,7 +24,7 @@
 #include "fp_status.h"
 
 #define FP_BOARD_MAGIC 0x4c4f4f5054534146ULL /* "FASTPOOL" */
-#define FP_BOARD_VERSION 2u
+#define FP_BOARD_VERSION 3u
 #define FP_PAGE 4096u
 #define FP_BOARD_MAX_SLOTS 1023u              /* the arena's process table holds 1 + slots */
 
@@ -40,7 +40,7 @@ typedef struct {
     char _pad0[32];
     fp_event_t done;  /* the parent parks here for results from any slot */
     fp_a32 attention; /* non-zero: the parent has non-ring work (a death, a kick) */
-    fp_a32 _unused0;  /* was `want`: now fp_boardv_t.want, where no worker can write it */
+    fp_a32 parent_cpu; /* fp_cpu_tag of the parent's last wait: a spin hint for workers */
     char _pad1[48];
     fp_a64 counters[8];
 } fp_board_t;
@@ -55,7 +55,7 @@ typedef struct {
     fp_a32 state;
     fp_a32 pid;
     fp_a32 generation; /* bumped by the parent each time the slot is reset */
-    fp_a32 _unused;
+    fp_a32 cpu;        /* fp_cpu_tag of the worker's last take or wait: a spin hint only */
     fp_a64 current;    /* task being run, 0 when idle; set BEFORE the ring advances */
     fp_a64 heartbeat;  /* bumped by the worker's heartbeat thread */
     fp_a64 served;     /* tasks completed by this process */
@@ -77,6 +77,7 @@ static inline void fp_slot_reset(fp_slot_t *s)
     for (uint32_t i = 0; i < FP_SKIP_WORDS; i++)
         fp_store64_release(&s->skip[i], 0);
     fp_store32_release(&s->pid, 0);
+    fp_store32_relaxed(&s->cpu, 0);
     fp_store32_release(&s->state, FP_SLOT_EMPTY);
     fp_add32_seqcst(&s->generation, 1);
 }
@@ -107,6 +108,7 @@ static inline void fp_slot_beat(fp_slot_t *s) { fp_add64_relaxed(&s->heartbeat, 
  * to drop this task before it started: the caller must not run it. */
 static inline int fp_slot_start(fp_slot_t *s, uint64_t task)
 {
+    fp_store32_relaxed(&s->cpu, fp_cpu_tag()); /* where the parent's wait will look */
     fp_store64_seqcst(&s->current, task);
     if (fp_load64_seqcst(&s->skip_seq) == 0)
         return 0;
@@ -320,12 +322,34 @@ static inline int fp_boardv_parent_has_work(const fp_boardv_t *v)
     return 0;
 }
 
+/* Where the workers the parent waits for (those running or holding a task)
+ * last ran, against the parent's CPU now, which it publishes for the workers'
+ * waits.  The slot words are the workers' to write: a wrong one only makes the
+ * parent spin or park when it should not (time, never correctness). */
+static inline int fp_boardv_parent_peer(const fp_boardv_t *v)
+{
+    uint32_t mine = fp_cpu_tag();
+    int where = FP_PEER_UNKNOWN;
+    fp_store32_relaxed(&v->b->parent_cpu, mine);
+    for (uint32_t i = 0; i < v->nslots; i++) {
+        fp_slot_t *s = fp_boardv_slot(v, i);
+        if (fp_load64_relaxed(&s->current) == 0 && fp_ringv_head(&v->tasks[i]) == v->tasks[i].pos)
+            continue; /* idle: the parent does not wait for it */
+        int w = fp_peer_where(mine, fp_load32_relaxed(&s->cpu));
+        if (w == FP_PEER_OTHER)
+            return w; /* one busy worker elsewhere can answer while we spin */
+        if (w == FP_PEER_SAME)
+            where = w;
+    }
+    return where;
+}
+
 /* The parent's wait for results: spin up to spin_ns, then park on the
  * board's eventcount until timeout_ns.  Returns 1 if there is work. */
 static inline int fp_boardv_wait_results(const fp_boardv_t *v, int64_t timeout_ns, int64_t spin_ns)
 {
     fp_spin_t sp;
-    fp_spin_init(&sp);
+    fp_spin_init(&sp, spin_ns > 0 ? fp_boardv_parent_peer(v) : FP_PEER_UNKNOWN);
     int64_t start = sp.start;
     while (sp.now - start < spin_ns) {
         if (fp_boardv_parent_has_work(v))
@@ -343,6 +367,20 @@ static inline int fp_boardv_wait_results(const fp_boardv_t *v, int64_t timeout_n
     }
     fp_event_finish(done);
     return has;
+}
+
+/* The worker's wait for its next task: publishes its CPU, reads the parent's
+ * (a hint: see fp_boardv_parent_peer), and waits as fp_ringv_wait_data. */
+static inline int fp_boardv_wait_task(const fp_boardv_t *v, uint32_t slot, int64_t timeout_ns,
+                                      int64_t spin_ns)
+{
+    int peer = FP_PEER_UNKNOWN;
+    if (spin_ns > 0) {
+        uint32_t mine = fp_cpu_tag();
+        fp_store32_relaxed(&fp_boardv_slot(v, slot)->cpu, mine);
+        peer = fp_peer_where(mine, fp_load32_relaxed(&v->b->parent_cpu));
+    }
+    return fp_ringv_wait_data(&v->tasks[slot], NULL, timeout_ns, spin_ns, peer);
 }
 
 /* Results are published: wake the parent if it is parked. */

@@ -85,13 +85,45 @@ static inline int fp_futex_wake(fp_a32 *word, int n)
  * spin every FP_SPIN_PROBE_EVERY waits, so it spins again once the waits get
  * short again (the other side moved to another core, a burst of small tasks).
  * Both spin loops (fp_ringv_wait_data, fp_boardv_wait_results) go to
- * fp_event_prepare when their spin ends without data: that is the miss signal. */
+ * fp_event_prepare when their spin ends without data: that is the miss signal.
+ *
+ * The adaptive cap cannot tell a wasted spin (partner on this CPU) from a wait
+ * that was merely long (a 60 us task, 100 us of parent bookkeeping between
+ * tasks): both decayed to no spin, and every hop paid a futex wake.  So each
+ * side publishes the CPU it runs on (fp_cpu_tag, a vDSO/rseq read) and a
+ * waiter that knows where its partner last ran decides by that instead:
+ * FP_PEER_OTHER spins the caller's whole budget, FP_PEER_SAME yields once (the
+ * partner may be runnable right here) and parks.  Only FP_PEER_UNKNOWN (no
+ * partner has published yet) uses the adaptive cap.  A stale or forged tag
+ * costs time, never correctness: the wait after the spin is the same. */
 #define FP_SPIN_FREE INT64_MAX        /* cap: the caller's budget decides */
 #define FP_SPIN_MIN_NS 2000           /* a cap below this is no spin */
 #define FP_SPIN_WIDE_NS 200000        /* a cap above this is the caller's budget */
 #define FP_SPIN_PROBE_NS 10000
 #define FP_SPIN_PROBE_EVERY 16u
 #define FP_SPIN_MISS_WINDOW_NS 20000  /* a park this soon after a spin step ends that spin */
+
+enum { FP_PEER_UNKNOWN = 0, FP_PEER_SAME = 1, FP_PEER_OTHER = 2 };
+#define FP_SPIN_YIELD_ONCE (-1)       /* cap: one sched_yield, then park */
+
+/* The CPU this thread runs on now, plus one: 0 means unknown. */
+static inline uint32_t fp_cpu_tag(void)
+{
+#ifdef __linux__
+    int c = sched_getcpu();
+    return c < 0 ? 0u : (uint32_t)c + 1u;
+#else
+    return 0u;
+#endif
+}
+
+/* Where the partner of this thread ran, by the tag it published last. */
+static inline int fp_peer_where(uint32_t mine, uint32_t theirs)
+{
+    if (mine == 0 || theirs == 0)
+        return FP_PEER_UNKNOWN;
+    return mine == theirs ? FP_PEER_SAME : FP_PEER_OTHER;
+}
 
 typedef struct {
     int64_t start, now;
@@ -126,13 +158,18 @@ static inline void fp_spin_learn(fp_spin_state_t *t, int hit)
     }
 }
 
-static inline void fp_spin_init(fp_spin_t *s)
+static inline void fp_spin_init(fp_spin_t *s, int peer)
 {
     fp_spin_state_t *t = &fp_spin_state;
     s->start = s->now = fp_now_ns();
     s->steps = 0;
     if (t->active)
         fp_spin_learn(t, 1); /* the last spin returned without parking */
+    if (peer != FP_PEER_UNKNOWN) { /* the partner's CPU decides; nothing to learn */
+        t->active = 0;
+        s->cap = peer == FP_PEER_SAME ? FP_SPIN_YIELD_ONCE : FP_SPIN_FREE;
+        return;
+    }
     t->active = 1;
     t->stepped = 0;
     t->start = t->last = s->start;
@@ -149,7 +186,9 @@ static inline void fp_spin_stop(fp_spin_t *s) { s->now = s->start + (INT64_MAX /
 static inline void fp_spin_step(fp_spin_t *s)
 {
     fp_spin_state.stepped = 1;
-    if (s->cap == 0) { /* fp_spin_state.last is still the clock read at init */
+    if (s->cap <= 0) { /* fp_spin_state.last is still the clock read at init */
+        if (s->cap == FP_SPIN_YIELD_ONCE)
+            sched_yield();
         fp_spin_stop(s);
         return;
     }

@@ -308,13 +308,14 @@ static inline void fp_ringv_release(fp_ringv_t *v, uint64_t next)
 
 /* The consumer's wait for a record (the worker on its task ring): spin up to
  * spin_ns, then park on the data eventcount until timeout_ns.  A non-NULL
- * stop word that becomes non-zero also ends the wait.  Returns 1 if there is
+ * stop word that becomes non-zero also ends the wait.  peer: where the
+ * producer runs (FP_PEER_*, see fp_spin_init).  Returns 1 if there is
  * something to read. */
 static inline int fp_ringv_wait_data(fp_ringv_t *v, fp_a32 *stop, int64_t timeout_ns,
-                                     int64_t spin_ns)
+                                     int64_t spin_ns, int peer)
 {
     fp_spin_t sp;
-    fp_spin_init(&sp);
+    fp_spin_init(&sp, peer);
     int64_t start = sp.start;
     while (sp.now - start < spin_ns) {
         if (!fp_ringv_empty(v) || (stop && fp_load32_acquire(stop)))

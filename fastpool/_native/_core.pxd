@@ -27,7 +27,8 @@ cdef extern from "fp_ring.h" nogil:
     void fp_ringv_notify(fp_ringv_t *v)
     int fp_ringv_peek(fp_ringv_t *v, fp_recv_t *out)
     void fp_ringv_release(fp_ringv_t *v, uint64_t next)
-    int fp_ringv_wait_data(fp_ringv_t *v, void *stop, int64_t timeout_ns, int64_t spin_ns)
+    int fp_ringv_wait_data(fp_ringv_t *v, void *stop, int64_t timeout_ns, int64_t spin_ns,
+                           int peer)
     int fp_ringv_wait_space(fp_ringv_t *v, uint64_t seen_head, int64_t timeout_ns)
 
 cdef extern from "fp_board.h" nogil:
@@ -51,6 +52,8 @@ cdef extern from "fp_board.h" nogil:
     void fp_boardv_restore_header(const fp_boardv_t *v)
     int fp_boardv_parent_has_work(const fp_boardv_t *v)
     int fp_boardv_wait_results(const fp_boardv_t *v, int64_t timeout_ns, int64_t spin_ns)
+    int fp_boardv_wait_task(const fp_boardv_t *v, uint32_t slot, int64_t timeout_ns,
+                            int64_t spin_ns)
     void fp_board_notify_parent(fp_board_t *b)
     void fp_board_flag_attention(fp_board_t *b)
     int fp_board_take_attention(fp_board_t *b)

@@ -337,7 +337,7 @@ cdef class Board:
         cdef fp_ringv_t *r = fp_boardv_tasks(self._v, slot)
         cdef int rc = fp_ringv_peek(r, out)
         if rc == FP_AGAIN and timeout_ns > 0:
-            fp_ringv_wait_data(r, NULL, timeout_ns, spin_ns)
+            fp_boardv_wait_task(self._v, slot, timeout_ns, spin_ns)
             rc = fp_ringv_peek(r, out)
         return rc
 

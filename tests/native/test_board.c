@@ -366,6 +366,30 @@ TEST(boardv_init_refuses_bad_geometry_or_a_short_mapping)
 
 /* Rings are usable where the board puts them, and independent: the parent
  * writes tasks, each worker results, through their own views. */
+/* The parent looks only at the workers it waits for (running a task, or holding
+ * one in their ring), and a forged CPU word only steers its spin: the wait that
+ * follows still finds the result or times out. */
+TEST(parent_spin_hint_reads_only_busy_workers_and_is_only_a_hint)
+{
+    tboard_t *t = board_new(2, 4096);
+    fp_slot_t *s0 = fp_boardv_slot(&t->parent, 0), *s1 = fp_boardv_slot(&t->parent, 1);
+    fp_store32_relaxed(&s1->cpu, 0xffffffffu); /* no CPU's tag, and slot 1 is idle */
+    CHECK_EQ(fp_boardv_parent_peer(&t->parent), FP_PEER_UNKNOWN);
+    CHECK(fp_load32_relaxed(&t->b->parent_cpu) != 0); /* published for the workers */
+    CHECK_EQ(fp_ringv_push(&t->parent.tasks[1], 1, 7, 0, "x", 1), FP_OK);
+    CHECK_EQ(fp_boardv_parent_peer(&t->parent), FP_PEER_OTHER); /* now it holds a task */
+    CHECK_EQ(fp_slot_start(s0, 9), 0); /* a worker takes a task: publishes where */
+    CHECK(fp_load32_relaxed(&s0->cpu) != 0);
+    int64_t t0 = fp_now_ns();
+    CHECK_EQ(fp_boardv_wait_results(&t->parent, 20 * MS, 1 * MS), 0);
+    CHECK(fp_now_ns() - t0 >= 20 * MS); /* the forged hint spun, then parked to time */
+    CHECK_EQ(fp_ringv_push(&t->worker.results[0], 1, 9, 0, "y", 1), FP_OK);
+    CHECK_EQ(fp_boardv_wait_results(&t->parent, 5000 * MS, 1 * MS), 1);
+    fp_slot_reset(s0);
+    CHECK_EQ(fp_load32_relaxed(&s0->cpu), 0); /* the next worker inherits no hint */
+    board_free(t);
+}
+
 TEST(each_ring_carries_its_own_records)
 {
     tboard_t *t = board_new(4, 4096);
@@ -519,12 +543,12 @@ TEST(drivers_are_counted_in_the_parents_view_not_the_segment)
 {
     tboard_t *t = board_new(2, 4096);
     CHECK_EQ(fp_boardv_wanted(&t->parent), 0);
-    memset((unsigned char *)t->b + offsetof(fp_board_t, _unused0), 0xff, sizeof(fp_a32));
+    memset((unsigned char *)t->b + offsetof(fp_board_t, parent_cpu), 0xff, sizeof(fp_a32));
     memset(t->b->_pad1, 0xff, sizeof(t->b->_pad1));
     CHECK_EQ(fp_boardv_wanted(&t->parent), 0);
     fp_boardv_want(&t->parent, 1);
     fp_boardv_want(&t->parent, 1);
-    memset((unsigned char *)t->b + offsetof(fp_board_t, _unused0), 0, sizeof(fp_a32));
+    memset((unsigned char *)t->b + offsetof(fp_board_t, parent_cpu), 0, sizeof(fp_a32));
     CHECK_EQ(fp_boardv_wanted(&t->parent), 1);
     fp_boardv_want(&t->parent, -1);
     CHECK_EQ(fp_boardv_wanted(&t->parent), 1);
@@ -887,13 +911,13 @@ TEST(wait_data_times_out_and_returns_at_once_on_data)
     fp_ringv_t *v = &t->worker.tasks[0];
     fp_a32 stop = 0;
     int64_t t0 = fp_now_ns();
-    CHECK_EQ(fp_ringv_wait_data(v, &stop, 20 * MS, 0), 0);
+    CHECK_EQ(fp_ringv_wait_data(v, &stop, 20 * MS, 0, FP_PEER_UNKNOWN), 0);
     int64_t took = fp_now_ns() - t0;
     CHECKF(took >= 20 * MS && took < 500 * MS, "took %lld ns", (long long)took);
     CHECK_EQ(fp_ringv_push(&t->parent.tasks[0], 1, 1, 0, NULL, 0), FP_OK);
     t0 = fp_now_ns();
-    CHECK_EQ(fp_ringv_wait_data(v, &stop, 5000 * MS, 0), 1);
-    CHECK_EQ(fp_ringv_wait_data(v, NULL, 5000 * MS, 1 * MS), 1);
+    CHECK_EQ(fp_ringv_wait_data(v, &stop, 5000 * MS, 0, FP_PEER_UNKNOWN), 1);
+    CHECK_EQ(fp_ringv_wait_data(v, NULL, 5000 * MS, 1 * MS, FP_PEER_UNKNOWN), 1);
     CHECK(fp_now_ns() - t0 < 100 * MS);
     CHECK_EQ(fp_load32_relaxed(&v->hdr->data.waiters), 0);
     board_free(t);
@@ -925,7 +949,7 @@ TEST(wait_data_wakes_when_a_record_is_pushed)
     pthread_t th;
     int64_t t0 = fp_now_ns();
     CHECK(pthread_create(&th, NULL, ring_poker, &p) == 0);
-    CHECK_EQ(fp_ringv_wait_data(&t->worker.tasks[0], NULL, 5000 * MS, 0), 1);
+    CHECK_EQ(fp_ringv_wait_data(&t->worker.tasks[0], NULL, 5000 * MS, 0, FP_PEER_UNKNOWN), 1);
     int64_t took = fp_now_ns() - t0;
     CHECK(pthread_join(th, NULL) == 0);
     CHECKF(took < 1000 * MS, "took %lld ns", (long long)took);
@@ -938,7 +962,8 @@ TEST(wait_data_with_spin_returns_at_once_on_stop)
     tboard_t *t = board_new(1, 4096);
     fp_a32 stop = 1;
     int64_t t0 = fp_now_ns();
-    CHECK_EQ(fp_ringv_wait_data(&t->worker.tasks[0], &stop, 5000 * MS, 1 * MS), 1);
+    CHECK_EQ(fp_ringv_wait_data(&t->worker.tasks[0], &stop, 5000 * MS, 1 * MS, FP_PEER_UNKNOWN),
+             1);
     CHECK(fp_now_ns() - t0 < 100 * MS);
     board_free(t);
 }
@@ -956,7 +981,7 @@ TEST(wait_data_returns_at_once_when_stop_is_already_set)
     fp_store32_release(&stop, 1);
     fp_event_kick(&v->hdr->data); /* what a stopper does; it lands before this wait starts */
     int64_t t0 = fp_now_ns();
-    int has = fp_ringv_wait_data(v, &stop, 300 * MS, 0);
+    int has = fp_ringv_wait_data(v, &stop, 300 * MS, 0, FP_PEER_UNKNOWN);
     int64_t took = fp_now_ns() - t0;
     CHECKF(took < 100 * MS, "a set stop word was ignored: slept %lld ms", (long long)(took / MS));
     CHECK_EQ(has, 1); /* as the spin phase answers for stop */

@@ -263,10 +263,11 @@ TEST(eventcount_ping_pong_loses_no_wakeup)
 /* The callers' spin loop (fp_ringv_wait_data, fp_boardv_wait_results) over a flag
  * word: returns 1 if it saw the flag while spinning, 0 if it parked (briefly).
  * *steps: how many spin steps it took. */
-static int spin_wait(fp_a32 *flag, fp_event_t *ev, int64_t spin_ns, unsigned *steps)
+static int spin_wait_peer(fp_a32 *flag, fp_event_t *ev, int64_t spin_ns, unsigned *steps,
+                          int peer)
 {
     fp_spin_t sp;
-    fp_spin_init(&sp);
+    fp_spin_init(&sp, peer);
     int64_t start = sp.start;
     *steps = 0;
     while (sp.now - start < spin_ns) {
@@ -280,6 +281,11 @@ static int spin_wait(fp_a32 *flag, fp_event_t *ev, int64_t spin_ns, unsigned *st
         fp_event_wait(ev, key, 1000);
     fp_event_finish(ev);
     return 0;
+}
+
+static int spin_wait(fp_a32 *flag, fp_event_t *ev, int64_t spin_ns, unsigned *steps)
+{
+    return spin_wait_peer(flag, ev, spin_ns, steps, FP_PEER_UNKNOWN);
 }
 
 /* Spins that end in a park shrink this thread's spin to nothing, so a waiter whose
@@ -306,14 +312,46 @@ TEST(spin_adapts_to_misses_and_recovers_on_hits)
     fp_spin_state.since_probe = FP_SPIN_PROBE_EVERY - 1;
     fp_spin_state.active = 0;
     fp_spin_t sp;
-    fp_spin_init(&sp);
+    fp_spin_init(&sp, FP_PEER_UNKNOWN);
     CHECK_EQ(sp.cap, FP_SPIN_PROBE_NS);
     for (int i = 0; i < 200; i++)
         fp_spin_step(&sp); /* some spinning, then the data is found: no park */
-    fp_spin_init(&sp);     /* the next wait learns the hit */
+    fp_spin_init(&sp, FP_PEER_UNKNOWN); /* the next wait learns the hit */
     CHECK(fp_spin_state.cap >= FP_SPIN_MIN_NS);
     fp_event_prepare(&ev);
     fp_event_finish(&ev);
+}
+
+/* A waiter that knows where its partner runs decides by that alone: on another
+ * CPU it spins its whole budget however many waits were long (a 60 us task used to
+ * decay the cap to nothing, and every hop paid a futex wake); on its own CPU it
+ * yields once and parks however well spinning went before.  Neither teaches the
+ * adaptive cap, which stays for a partner that has not published its CPU. */
+TEST(the_partners_cpu_decides_the_spin_when_known)
+{
+    static fp_event_t ev;
+    static fp_a32 flag;
+    unsigned steps;
+    CHECK_EQ(fp_peer_where(0, 3), FP_PEER_UNKNOWN);
+    CHECK_EQ(fp_peer_where(3, 0), FP_PEER_UNKNOWN);
+    CHECK_EQ(fp_peer_where(3, 3), FP_PEER_SAME);
+    CHECK_EQ(fp_peer_where(3, 4), FP_PEER_OTHER);
+    fp_store32_release(&flag, 0);
+    fp_spin_state.cap = 0; /* as after many misses */
+    fp_spin_state.since_probe = 0;
+    fp_spin_state.active = 0;
+    int64_t t0 = fp_now_ns();
+    spin_wait_peer(&flag, &ev, 2 * FP_SPIN_PROBE_NS, &steps, FP_PEER_OTHER);
+    CHECK(fp_now_ns() - t0 >= 2 * FP_SPIN_PROBE_NS); /* the whole budget, no probe cap */
+    CHECK(steps >= 64u); /* past the first clock read, where a cap would stop it */
+    CHECK_EQ(fp_spin_state.cap, 0);
+    fp_spin_state.cap = FP_SPIN_FREE; /* as after many hits */
+    spin_wait_peer(&flag, &ev, 50000, &steps, FP_PEER_SAME);
+    CHECK_EQ(steps, 1u); /* one step: a yield, then the park */
+    CHECK_EQ(fp_spin_state.cap, FP_SPIN_FREE);
+    fp_store32_release(&flag, 1);
+    CHECK_EQ(spin_wait_peer(&flag, &ev, 50000, &steps, FP_PEER_SAME), 1);
+    CHECK_EQ(steps, 0u); /* data already there: no yield at all */
 }
 
 int main(int argc, char **argv) { return check_main(argc, argv); }

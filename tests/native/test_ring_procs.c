@@ -191,11 +191,12 @@ static void run_consumer(uint64_t n)
             /* a 0 before the timeout is a stale notify (one meant for the
              * previous wait); only a wait that ran out counts */
             int64_t t0 = fp_now_ns();
-            if (!fp_ringv_wait_data(&v, NULL, PARK_NS, 0) && fp_now_ns() - t0 >= PARK_NS)
+            if (!fp_ringv_wait_data(&v, NULL, PARK_NS, 0, FP_PEER_UNKNOWN) &&
+                fp_now_ns() - t0 >= PARK_NS)
                 fp_add64_relaxed(&ctl->consumer_timeouts, 1);
         } else {
             /* short: the producer may be dead */
-            fp_ringv_wait_data(&v, &ctl->producer_dead, 20 * MS, 0);
+            fp_ringv_wait_data(&v, &ctl->producer_dead, 20 * MS, 0, FP_PEER_UNKNOWN);
         }
     }
     if (n) { /* and nothing beyond the last record */
