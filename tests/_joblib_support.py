@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from typing import Callable
-
 import psutil
 
 LEAK_GRACE_S = 5.0
@@ -15,7 +12,7 @@ def workers_alive() -> set[int]:
 
     Only the template's children are counted: other tests in the same session may leave
     processes of their own (multiprocessing's forkserver lives until the interpreter
-    exits), and the package fixture that asks is torn down when the session ends."""
+    exits) while the module fixture that asks is torn down."""
     from fastpool._runtime import _template
 
     out = set()
@@ -30,13 +27,3 @@ def workers_alive() -> set[int]:
         except psutil.NoSuchProcess:
             pass
     return out
-
-
-def wait_until(predicate: Callable[[], bool], limit_s: float = LEAK_GRACE_S) -> bool:
-    """Polls ``predicate`` until it holds (True) or ``limit_s`` passes (False)."""
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True

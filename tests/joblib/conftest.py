@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("joblib", reason="needs the joblib extra: pip install -e '.[joblib]'")
 
-from _joblib_support import wait_until, workers_alive  # noqa: E402
+from _joblib_support import LEAK_GRACE_S, workers_alive  # noqa: E402
+from _waiting import wait_for  # noqa: E402
 
 import fastpool.joblib  # noqa: E402
 
@@ -29,8 +30,10 @@ def _nothing_left_behind() -> Iterator[None]:
     procs0, shm0 = workers_alive(), shm_names()
     yield
     fastpool.joblib.shutdown()
-    assert wait_until(lambda: not (workers_alive() - procs0)), (
-        f"processes left after fastpool.joblib.shutdown(): {workers_alive() - procs0}"
+    wait_for(
+        lambda: not (workers_alive() - procs0),
+        LEAK_GRACE_S,
+        lambda: f"processes left after fastpool.joblib.shutdown(): {workers_alive() - procs0}",
     )
     mine = {n for n in shm_names() - shm0 if n.startswith(("fp_", "joblib_", "loky"))}
     assert not mine, f"/dev/shm entries left behind: {mine}"

@@ -11,8 +11,8 @@ import _joblib_tasks as T
 import joblib
 import numpy as np
 import pytest
-from _joblib_support import wait_until, workers_alive
-from _waiting import wait_workers_ready
+from _joblib_support import LEAK_GRACE_S, workers_alive
+from _waiting import wait_for, wait_workers_ready
 from joblib import Parallel, delayed, parallel_config
 
 import fastpool
@@ -252,7 +252,7 @@ def test_an_idle_pool_retires_after_idle_worker_timeout():
     with run(idle_worker_timeout=0.2, hang_timeout=55.0):
         Parallel()(delayed(T.square)(i) for i in range(2))
     pool = fastpool.joblib.get_pool(2, hang_timeout=55.0)
-    assert wait_until(lambda: pool.stats()["closed"], 10.0)
+    wait_for(lambda: pool.stats()["closed"], 10.0, "the idle pool to retire")
     with run(hang_timeout=55.0):  # a new pool for the next call
         assert Parallel()(delayed(T.square)(i) for i in range(2)) == [0, 1]
     fastpool.joblib.get_pool(2, hang_timeout=55.0).shutdown()
@@ -262,7 +262,7 @@ def test_shutdown_ends_every_pool_and_the_next_call_starts_one():
     with run(max_tasks_per_worker=1000):
         pids = set(Parallel()(delayed(T.pid_of)(i) for i in range(4)))
     fastpool.joblib.shutdown()
-    assert wait_until(lambda: not (pids & workers_alive()))
+    wait_for(lambda: not (pids & workers_alive()), LEAK_GRACE_S, "its workers to be gone")
     with run():
         assert Parallel()(delayed(T.square)(i) for i in range(3)) == [0, 1, 4]
 

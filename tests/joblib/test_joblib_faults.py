@@ -8,7 +8,7 @@ import os
 
 import _joblib_tasks as T
 import pytest
-from _joblib_support import wait_until
+from _waiting import wait_for
 from joblib import Parallel, delayed, parallel_config
 
 import fastpool
@@ -42,7 +42,7 @@ def test_parallel_timeout_stops_the_slow_task_only(tmp_path):
             )
         with open(slow_pid_file) as f:
             slow = int(f.read())
-        assert wait_until(lambda: slow not in pool.pids(), 30.0), "the slow task still runs"
+        wait_for(lambda: slow not in pool.pids(), 30.0, "the slow task's worker to be killed")
         assert before - {slow} <= set(pool.pids()), "a worker with no slow task was stopped too"
         assert Parallel()(delayed(T.square)(i) for i in range(4)) == [0, 1, 4, 9]
 
@@ -62,6 +62,6 @@ def test_an_error_stops_the_calls_running_batches_but_no_other_worker(tmp_path):
             )
         with open(hang_pid_file) as f:
             hung = int(f.read())
-        assert wait_until(lambda: hung not in pool.pids(), 30.0), "the abandoned batch still runs"
+        wait_for(lambda: hung not in pool.pids(), 30.0, "the abandoned batch's worker to be killed")
         assert Parallel()(delayed(T.pid_of)(i) for i in range(2))
     assert os.getpid() not in pool.pids()
