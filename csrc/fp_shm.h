@@ -81,14 +81,13 @@ static inline int fp_shm_create(const char *name, uint64_t size, int *fd_out, vo
         errno = EINVAL;
         return FP_ERRNO;
     }
+    /* No move above FP_SHM_FD_FLOOR here, in the creating (parent) process: its low
+     * fds belong to its own live objects, and growing the fd table of a process that
+     * runs threads (NumPy's BLAS pool) waits for an RCU grace period, ~8 ms of every
+     * first pool.  The floor is for the processes that attach (fp_shm_dup). */
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return FP_ERRNO;
-    int hi = -1;
-    if (fp_shm_dup(fd, FP_SHM_FD_FLOOR, &hi) == FP_OK) {
-        close(fd);
-        fd = hi;
-    }
     void *p = NULL;
     if (ftruncate(fd, (off_t)size) != 0 ||
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||

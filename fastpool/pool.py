@@ -47,8 +47,7 @@ from fastpool._native import _ndarray
 from fastpool._native._core import check_ring_bytes
 from fastpool._runtime import _mapper, _template
 from fastpool._runtime._call import TaskFunction
-from fastpool._supervision import _lifetime, _policy, _sizing
-from fastpool._supervision._supervisor import DEFAULT_START_TIMEOUT_S
+from fastpool._supervision import _policy, _sizing
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,7 +99,7 @@ class Pool(Executor):
         queue_timeout: float | None = None,
         task_timeout: float | None = None,
         hang_timeout: float | None = 60.0,
-        start_timeout: float = DEFAULT_START_TIMEOUT_S,
+        start_timeout: float = _policy.DEFAULT_START_TIMEOUT_S,
         ring_bytes: int = DEFAULT_RING_BYTES,
         backoff_base_s: float = 0.25,
         backoff_cap_s: float = 30.0,
@@ -197,6 +196,10 @@ class Pool(Executor):
             return _policy.SlotBreaker(
                 max_failures, breaker_open_s, _policy.Backoff(backoff_base_s, backoff_cap_s)
             )
+
+        # The template's start (a first pool's) overlaps the imports and set-up below.
+        _template.template().begin()
+        from fastpool._supervision import _lifetime  # ~7 ms of imports a first pool pays
 
         self._keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
         self._rt = rt = _lifetime.start(

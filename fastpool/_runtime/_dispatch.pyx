@@ -519,12 +519,14 @@ cdef class Dispatcher:
         self._release()
         self._run_events()
 
-    def set_circuit(self, exc):
+    def set_circuit(self, exc, bint drain=True):
         """exc (a CircuitOpen): every breaker is open.  Submits ask circuit_error()
         and raise, and every queued task ends now: one with fallback="inline" runs
-        in this process, the others fail with exc.  None: the circuit is closed."""
+        in this process, the others fail with exc.  None: the circuit is closed.
+        drain=False only opens it (for a caller holding a lock that settling, which runs
+        done-callbacks, must not run under); a later call drains the queue."""
         self._circuit_open = exc is not None
-        if exc is None:
+        if exc is None or not drain:
             return
         cdef list later = []
         for t in self._take_queue():

@@ -8,8 +8,7 @@ worker's tasks: the typed words of the seam between them (no string tuples).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Happened(enum.IntEnum):
@@ -23,8 +22,7 @@ class Happened(enum.IntEnum):
     BAD_RESULT = 6  # a task's result could not be pickled in the worker (detail: the Task)
 
 
-@dataclass(frozen=True, slots=True)
-class SlotEvent:
+class SlotEvent(NamedTuple):
     what: Happened
     slot: int
     detail: Any = None

@@ -31,6 +31,9 @@ last pool that uses it (Template.per_pool) or with the worker, whichever comes f
 
 from __future__ import annotations
 
+# _socket, the C module, not socket.py: importing that (~2 ms of enum building) would
+# delay a first pool's template fork, and nothing here needs more than these calls.
+import _socket
 import atexit
 import errno
 import gc
@@ -40,40 +43,56 @@ import signal
 import sys
 import threading
 import time
+from array import array
 from typing import TYPE_CHECKING, Any
 
 from fastpool._runtime import _forksafe
 
 if TYPE_CHECKING:
-    import socket
     import subprocess
+    from socket import socket as Socket
 else:
-    from fastpool._runtime._lazy import (
-        LazyModule,
-        socket,
-    )  # socket: imported when a template is first needed
+    from fastpool._runtime._lazy import LazyModule
 
+    Socket = _socket.socket
     subprocess = LazyModule(
         "subprocess"
     )  # a spawned template, or a close that timed out (5 ms at exit)
 
 _MAX_MSG = 1 << 16
+_MAX_FDS = 8
 _PR_SET_PDEATHSIG = 1
 ENV_FLAG = "FASTPOOL_TEMPLATE"
 BOOTING = False  # True while the template runs the parent's main script
 
 
-def _send(sock: socket.socket, msg: Any, fds: list[int] = ()) -> None:  # type: ignore[assignment]
+def _pair() -> tuple[Socket, Socket]:
+    """A connected pair of SOCK_SEQPACKET sockets (message boundaries kept), close-on-exec."""
+    return _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
+
+
+def _send(sock: Socket, msg: Any, fds: list[int] = ()) -> None:  # type: ignore[assignment]
     data = pickle.dumps(msg, 5)
     if fds:
-        socket.send_fds(sock, [data], list(fds))
+        rights = array("i", fds).tobytes()
+        sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
     else:
         sock.send(data)
 
 
-def _recv(sock: socket.socket) -> tuple[Any, list[int]]:
+def _recv_fds(sock: Socket) -> tuple[bytes, list[int], int]:
+    """One message: (bytes, the descriptors it carried, flags), as socket.recv_fds."""
+    data, ancdata, flags, _addr = sock.recvmsg(_MAX_MSG, _socket.CMSG_SPACE(_MAX_FDS * 4))
+    fds = array("i")
+    for level, kind, payload in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds), flags
+
+
+def _recv(sock: Socket) -> tuple[Any, list[int]]:
     """(message, fds); (None, []) at EOF."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 8)
+    data, fds, _flags = _recv_fds(sock)
     if not data:
         for fd in fds:
             os.close(fd)
@@ -116,8 +135,10 @@ class Template:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._ctl: socket.socket | None = None
+        self._ctl: Socket | None = None
         self._owner_pid = -1
+        # begun (see begin) and not yet ready: (process, control socket, config or None)
+        self._booting: tuple[Any, Socket, dict | None] | None = None
         self._pools = 0  # connections handed out and not yet released
         # In a worker the template serves the pools it makes and ends with the last of
         # them: an idle interpreter per worker would outlive every nested pool.
@@ -129,26 +150,51 @@ class Template:
         task would wait on it for ever.  A fresh lock; the parent's template, if any, is
         dropped at the child's first connect() (``_owner_pid``)."""
         self._lock = threading.Lock()
+        self._booting = None
         self._pools = 0
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def begin(self) -> None:
+        """Starts the template, if this process has none, without waiting for it to be
+        ready: the first pool's constructor calls it before its own imports and set-up,
+        which then overlap the template's start.  connect() waits for it (and raises
+        there if it failed).  Thread-safe."""
+        with self._lock:
+            self._forget_if_inherited()
+            if self._proc is None and self._booting is None:
+                self._booting = self._launch()
+
+    def _forget_if_inherited(self) -> None:
+        if self._owner_pid != os.getpid():  # inherited across a fork: not ours
+            self._proc, self._ctl, self._booting = None, None, None
+
     def _start(self) -> None:
+        booting, self._booting = self._booting, None
+        self._await_ready(*(booting or self._launch()))
+
+    def _launch(self) -> tuple[Any, Socket, dict | None]:
+        """A template process on its way up: (process, control socket, the config to send
+        it or None); _await_ready finishes the start."""
         method, why = start_plan()
         if method == "fork" and why == FORCED_FORK:
-            self._start_forked(checked=False)  # the user's choice, even beside native threads
-        elif not (method == "fork" and self._start_forked(checked=True)):
-            self._start_spawned()
+            started = self._start_forked(checked=False)  # the user's choice, even beside threads
+        else:
+            started = self._start_forked(checked=True) if method == "fork" else None
+        if started is None:
+            started = self._start_spawned()
+        self._owner_pid = os.getpid()
+        return started
 
-    def _start_forked(self, checked: bool) -> bool:
+    def _start_forked(self, checked: bool) -> tuple[Any, Socket, None] | None:
         """Forks the template from this process: NumPy and ``__main__`` are loaded
         already, so it is ready in milliseconds.  With ``checked``, only if this process
         ran one thread at the fork (see _forksafe); otherwise the child is killed before
-        it does anything and False is returned."""
+        it does anything and None is returned."""
         parent = os.getpid()
-        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        parent_end, child_end = _pair()
         _forksafe.flush_std_streams()
         restore = (lambda: None) if _forksafe.blas_threads_chosen() else _forksafe.pin_openblas(1)
         try:
@@ -184,14 +230,13 @@ class Template:
             proc.kill()
             proc.wait()
             parent_end.close()
-            return False
-        self._await_ready(proc, parent_end, None)
-        return True
+            return None
+        return proc, parent_end, None
 
-    def _start_spawned(self) -> None:
+    def _start_spawned(self) -> tuple[Any, Socket, dict]:
         import subprocess
 
-        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        parent_end, child_end = _pair()
         env = dict(os.environ)
         env[ENV_FLAG] = "1"
         # The template imports numpy before any pool exists, so BLAS pools are
@@ -218,9 +263,9 @@ class Template:
             "main": _main_path(),
             "parent": os.getpid(),
         }
-        self._await_ready(proc, parent_end, config)
+        return proc, parent_end, config
 
-    def _await_ready(self, proc: Any, parent_end: socket.socket, config: dict | None) -> None:
+    def _await_ready(self, proc: Any, parent_end: Socket, config: dict | None) -> None:
         try:
             if config is not None:
                 _send(parent_end, ("config", config))
@@ -239,17 +284,16 @@ class Template:
             raise RuntimeError(f"fastpool's worker template failed to start: {err!r}")
         self._proc, self._ctl, self._owner_pid = proc, parent_end, os.getpid()
 
-    def connect(self) -> socket.socket:
+    def connect(self) -> Socket:
         """A new connection to the template, for one pool.  Starts it if needed."""
         with self._lock:
-            if self._owner_pid != os.getpid():  # inherited across a fork: not ours
-                self._proc, self._ctl = None, None
+            self._forget_if_inherited()
             if self._proc is not None and self._proc.poll() is not None:
                 self._close_locked()
             for attempt in (1, 2):
                 if self._proc is None:
                     self._start()
-                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                mine, theirs = _pair()
                 try:
                     assert self._ctl is not None
                     _send(self._ctl, ("pool",), [theirs.fileno()])
@@ -265,7 +309,7 @@ class Template:
                     theirs.close()
             raise AssertionError("unreachable")
 
-    def release(self, conn: socket.socket) -> None:
+    def release(self, conn: Socket) -> None:
         """Closes a connection connect() returned (the template then ends that pool's
         workers); a per-pool template (see ``per_pool``) ends with the last one."""
         conn.close()
@@ -277,6 +321,9 @@ class Template:
                 self._close_locked()
 
     def _close_locked(self, timeout: float = 5.0) -> None:
+        if self._booting is not None:  # begun, never awaited: it exits at its socket's EOF
+            self._proc, self._ctl, _config = self._booting
+            self._booting = None
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None
@@ -390,15 +437,15 @@ def _watch_parent(parent: int, expected_ppid: int | None) -> int:
     return pidfd
 
 
-def _recv_request(sock: socket.socket) -> tuple[Any, list[int], bool]:
+def _recv_request(sock: Socket) -> tuple[Any, list[int], bool]:
     """_recv plus whether descriptors were dropped for want of room (MSG_CTRUNC): a full fd
     table must cost one start, not the template."""
-    data, fds, flags, _addr = socket.recv_fds(sock, _MAX_MSG, 8)
+    data, fds, flags = _recv_fds(sock)
     if not data:
         for fd in fds:
             os.close(fd)
         return None, [], False
-    return pickle.loads(data), fds, bool(flags & socket.MSG_CTRUNC)
+    return pickle.loads(data), fds, bool(flags & _socket.MSG_CTRUNC)
 
 
 def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
@@ -410,7 +457,7 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
     import selectors
 
     ppid = os.getppid()  # before anything: the pool's process started us
-    ctl = socket.socket(fileno=fd)
+    ctl = Socket(fileno=fd)
     config = {"main": None}
     if not forked:
         msg, _ = _recv(ctl)
@@ -447,8 +494,8 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
     sel.register(wake_r, selectors.EVENT_READ, "wake")
     if parent_pidfd >= 0:
         sel.register(parent_pidfd, selectors.EVENT_READ, "parent")
-    conns: dict[int, socket.socket] = {}
-    owner: dict[int, socket.socket] = {}  # worker pid -> the pool connection that asked
+    conns: dict[int, Socket] = {}
+    owner: dict[int, Socket] = {}  # worker pid -> the pool connection that asked
 
     def reap() -> None:
         while True:
@@ -465,7 +512,7 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
                 except OSError:
                     pass
 
-    def kill_workers(of: socket.socket | None) -> None:
+    def kill_workers(of: Socket | None) -> None:
         for pid, conn in list(owner.items()):
             if of is None or conn is of:
                 try:
@@ -501,7 +548,7 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
                 if msg is None:
                     end()
                 if msg[0] == "pool" and fds:
-                    conn = socket.socket(fileno=fds[0])
+                    conn = Socket(fileno=fds[0])
                     conns[conn.fileno()] = conn
                     sel.register(conn, selectors.EVENT_READ, "pool")
                 else:
@@ -509,7 +556,7 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
                         os.close(fd)
             else:
                 conn = key.fileobj
-                assert isinstance(conn, socket.socket)
+                assert isinstance(conn, Socket)
                 try:
                     msg, fds, truncated = _recv_request(conn)
                 except OSError:
@@ -531,7 +578,7 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
                         os.close(fd)
 
 
-def _reply(conn: socket.socket, msg: tuple, fds: list[int] = ()) -> None:  # type: ignore[assignment]
+def _reply(conn: Socket, msg: tuple, fds: list[int] = ()) -> None:  # type: ignore[assignment]
     try:
         _send(conn, msg, fds)
     except OSError:  # that pool is gone; its EOF is handled in the loop
@@ -539,7 +586,7 @@ def _reply(conn: socket.socket, msg: tuple, fds: list[int] = ()) -> None:  # typ
 
 
 def _spawn(
-    conn: socket.socket,
+    conn: Socket,
     msg: tuple,
     fds: list[int],
     truncated: bool,

@@ -14,11 +14,12 @@ board's format and fastpool._runtime._call.
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from fastpool._runtime import _arrays, _call, _codec, _mainns
 from fastpool._runtime._codec import R_INIT_FAILED, R_READY
@@ -56,10 +57,9 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
     board.set_state(slot, SLOT_STARTING, pid)
     _call.CURRENT["board"], _call.CURRENT["slot"] = board, slot
     stop = threading.Event()
-    beat = threading.Thread(
-        target=_heartbeat, args=(board, slot, stop), name="fastpool-heartbeat", daemon=True
-    )
-    beat.start()
+    # _thread, not Thread.start(): that waits until the new thread has run, a wait every
+    # worker's start would pay (the GIL and, on a busy machine, a CPU to run on).
+    _thread.start_new_thread(_heartbeat, (board, slot, stop))
     parent = os.getppid()
 
     # Only the K_INIT of our own spawn request: a worker forked for a request its
@@ -91,29 +91,74 @@ def _look_like_a_child(slot: int) -> None:
     """Makes multiprocessing see this worker as the pool owner's child process, as a
     ProcessPoolExecutor worker is: ``current_process().name`` is ``fastpool-worker-N`` and
     ``parent_process()`` names the owner (the template's parent), so code that refuses to
-    start a pool inside a worker recognises one."""
-    import multiprocessing.process as mpp
+    start a pool inside a worker recognises one.
 
-    template = os.getppid()
-    owner = template
-    try:
-        with open(f"/proc/{template}/stat", "rb") as f:  # the template's own parent
-            owner = int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    proc = mpp.current_process()
+    Done when ``multiprocessing.process`` is first imported here (at once if the template
+    had it already): a worker whose tasks never use multiprocessing never pays the ~3 ms
+    of that import, which would otherwise delay every worker's start."""
     authkey = os.environ.pop("FASTPOOL_AUTHKEY", None)
-    if authkey:
-        proc.authkey = bytes.fromhex(authkey)
-    proc.name = f"fastpool-worker-{slot}"
-    proc._identity = (slot + 1,)
-    proc._parent_pid, proc._parent_name = owner, "MainProcess"
-    try:
-        sentinel = os.pidfd_open(owner)  # readable once the owner exits: is_alive(), join()
-    except (OSError, AttributeError):
-        return
-    os.set_inheritable(sentinel, False)
-    mpp._parent_process = mpp._ParentProcess("MainProcess", owner, sentinel)
+
+    def apply(mpp: Any) -> None:
+        template = os.getppid()
+        owner = template
+        try:
+            with open(f"/proc/{template}/stat", "rb") as f:  # the template's own parent
+                owner = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+        proc = mpp.current_process()
+        if authkey:
+            proc.authkey = bytes.fromhex(authkey)
+        proc.name = f"fastpool-worker-{slot}"
+        proc._identity = (slot + 1,)
+        proc._parent_pid, proc._parent_name = owner, "MainProcess"
+        try:
+            sentinel = os.pidfd_open(owner)  # readable once the owner exits: is_alive(), join()
+        except (OSError, AttributeError):
+            return
+        os.set_inheritable(sentinel, False)
+        mpp._parent_process = mpp._ParentProcess("MainProcess", owner, sentinel)
+
+    loaded = sys.modules.get("multiprocessing.process")
+    if loaded is not None:
+        apply(loaded)
+    else:
+        sys.meta_path.insert(0, _AfterImport("multiprocessing.process", apply))
+
+
+class _AfterImport:
+    """A meta-path finder that runs ``then(module)`` right after module ``name`` is first
+    executed, then leaves sys.meta_path.  It finds nothing itself: the module's own spec
+    (from the path finder) is kept, with its loader wrapped."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenLoader(spec.loader, self.then)
+        return spec
+
+
+class _ThenLoader:
+    def __init__(self, loader: Any, then: Callable[[Any], None]) -> None:
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        self.then(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package...: the real loader's
+        return getattr(self.loader, name)
 
 
 def _set_blas_threads(n: int) -> None:

@@ -64,8 +64,8 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from fastpool._runtime._lazy import (
     psutil,
@@ -96,8 +96,7 @@ __all__ = [
 NEAR_LIMIT_FRACTION = 0.9
 
 
-@dataclass(frozen=True)
-class ProcessMemory:
+class ProcessMemory(NamedTuple):
     """One reading of a process's resident memory, in bytes (see the module docstring).
 
     ``anon_bytes``, ``file_bytes`` and ``shmem_bytes`` are None where the kernel
@@ -326,8 +325,7 @@ def judge_sigkill(
     return (False, f"no OOM-kill counter could be read, {verdict}; {rss}")
 
 
-@dataclass(frozen=True)
-class OomEvidence:
+class OomEvidence(NamedTuple):
     """What was known about a SIGKILL'd worker; ``judge()`` gives the verdict and the sentence."""
 
     before_count: int | None
@@ -351,8 +349,7 @@ class OomEvidence:
         )
 
 
-@dataclass(frozen=True)
-class MemorySample:
+class MemorySample(NamedTuple):
     """One reading of one process at ``at`` (the caller's clock, seconds).
 
     ``owned_bytes`` is the figure limits compare; ``total_rss_bytes`` and
@@ -375,7 +372,6 @@ class MemorySample:
         return self.owned_bytes
 
 
-@dataclass
 class WorkerMemory:
     """Current, peak and baseline owned memory of one worker process (RSS less shared memory).
 
@@ -387,16 +383,33 @@ class WorkerMemory:
     reused. Not thread-safe: the supervisor thread owns it.
     """
 
-    worker_id: int
-    pid: int
-    current_bytes: int = 0
-    peak_bytes: int = 0
-    baseline_bytes: int | None = None
-    samples: int = 0
-    last_at: float | None = None
-    total_rss_bytes: int | None = None
-    shmem_bytes: int | None = None
-    root: _sizing.StrPath = field(default="/", repr=False, compare=False)
+    __slots__ = (
+        "worker_id",
+        "pid",
+        "current_bytes",
+        "peak_bytes",
+        "baseline_bytes",
+        "samples",
+        "last_at",
+        "total_rss_bytes",
+        "shmem_bytes",
+        "root",
+    )
+
+    def __init__(self, worker_id: int, pid: int, *, root: _sizing.StrPath = "/") -> None:
+        self.worker_id, self.pid, self.root = worker_id, pid, root
+        self.current_bytes = self.peak_bytes = self.samples = 0
+        self.baseline_bytes: int | None = None
+        self.last_at: float | None = None
+        self.total_rss_bytes: int | None = None
+        self.shmem_bytes: int | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"WorkerMemory(worker_id={self.worker_id}, pid={self.pid}, "
+            f"current_bytes={self.current_bytes}, peak_bytes={self.peak_bytes}, "
+            f"baseline_bytes={self.baseline_bytes}, samples={self.samples})"
+        )
 
     def record(
         self, owned: int, now: float, *, rss: int | None = None, shmem: int | None = None

@@ -23,8 +23,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = [
     "Backoff",
@@ -38,12 +37,14 @@ __all__ = [
     "DEFAULT_CAP_S",
     "DEFAULT_MAX_FAILURES",
     "DEFAULT_OPEN_S",
+    "DEFAULT_START_TIMEOUT_S",
 ]
 
 DEFAULT_BASE_S = 0.25
 DEFAULT_CAP_S = 30.0
 DEFAULT_MAX_FAILURES = 6
 DEFAULT_OPEN_S = 300.0
+DEFAULT_START_TIMEOUT_S = 60.0  # a worker's start, fork to READY
 
 # 2**1000 times any sane base is far past any cap; clamping the exponent keeps
 # ceiling(n) from raising OverflowError for a slot that has failed forever.
@@ -237,8 +238,13 @@ def all_open(breakers: Iterable[SlotBreaker], now: float) -> tuple[bool, float, 
     return (True, retry_after_s, latest.last_cause)
 
 
-@dataclass(frozen=True)
-class TaskOptions:
+class _Options(NamedTuple):
+    pure: bool = False
+    timeout: float | None = None
+    fallback: Literal["inline"] | None = None
+
+
+class TaskOptions(_Options):
     """Per-task supervision options, checked on construction.
 
     ``pure``
@@ -255,22 +261,26 @@ class TaskOptions:
     an unknown fallback.
     """
 
-    pure: bool = False
-    timeout: float | None = None
-    fallback: Literal["inline"] | None = None
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        if self.timeout is not None and not (
-            isinstance(self.timeout, int | float)
-            and not isinstance(self.timeout, bool)
-            and self.timeout > 0
-            and math.isfinite(self.timeout)
+    def __new__(
+        cls,
+        pure: bool = False,
+        timeout: float | None = None,
+        fallback: Literal["inline"] | None = None,
+    ) -> TaskOptions:
+        if timeout is not None and not (
+            isinstance(timeout, int | float)
+            and not isinstance(timeout, bool)
+            and timeout > 0
+            and math.isfinite(timeout)
         ):
             raise ValueError(
-                f"timeout must be None or a positive number of seconds, not {self.timeout!r}"
+                f"timeout must be None or a positive number of seconds, not {timeout!r}"
             )
-        if self.fallback not in (None, "inline"):
-            raise ValueError(f'fallback must be None or "inline", not {self.fallback!r}')
+        if fallback not in (None, "inline"):
+            raise ValueError(f'fallback must be None or "inline", not {fallback!r}')
+        return super().__new__(cls, pure, timeout, fallback)
 
     @property
     def retries(self) -> int:

@@ -32,8 +32,8 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from fastpool._runtime._blas import BLAS_THREAD_VARS
 from fastpool._runtime._lazy import psutil  # only where /proc/meminfo is missing (not Linux)
@@ -68,8 +68,7 @@ StrPath = str | os.PathLike[str]
 V1_UNLIMITED_BYTES = 2**60
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     """One line of /proc/<pid>/mountinfo, the fields cgroup lookup needs."""
 
     root: str  # the path inside the hierarchy that is mounted at mount_point
@@ -78,8 +77,7 @@ class Mount:
     super_options: tuple[str, ...]  # v1 names its controllers here: ("rw", "cpu", "cpuacct")
 
 
-@dataclass(frozen=True)
-class CgroupDir:
+class CgroupDir(NamedTuple):
     """A process's cgroup directory in one hierarchy, and the top of that hierarchy."""
 
     version: int  # 1 or 2

@@ -50,7 +50,6 @@ log = logging.getLogger("fastpool")
 
 EXIT_STATUS_WAIT_S = 1.0
 STOP_GRACE_S = 2.0
-DEFAULT_START_TIMEOUT_S = 60.0
 
 _reqs = itertools.count(1)
 
@@ -89,7 +88,9 @@ class Supervisor:
         self._timer_seq = itertools.count()
         self._pending_exit: dict[int, int] = {}
         self._send_lock = threading.Lock()
-        self._next_memory_tick = 0.0
+        # not at once: no worker has a pid yet, and the pool's constructor waits on this
+        # thread's first steps (Thread.start) while it holds the GIL
+        self._next_memory_tick = time.monotonic() + settings["memory_interval_s"]
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.sel = selectors.DefaultSelector()
         self.conn = _template.template().connect()
@@ -152,6 +153,9 @@ class Supervisor:
         except (KeyError, ValueError):
             pass
         _template.template().release(self.conn)
+        for slot in self.slots:  # killed with their template, whether or not reaped yet
+            if slot.via is self.conn and slot.live:
+                self.disp.slot_stopping(slot.id)
         if self.stopping:
             return
         log.error("fastpool: the worker template exited; starting a new one")
@@ -315,6 +319,10 @@ class Supervisor:
         slot.pid = None
         action, at = slot.breaker.on_failure(time.monotonic(), f"{cause.value}: {detail}")
         slot.state = "open" if action == "open" else "backing_off"
+        if action == "open" and all(s.state == "open" for s in self.slots):
+            # submits raise CircuitOpen from now on, not only once the death that
+            # opened the last breaker is settled (_handle_death then drains the queue)
+            self.disp.set_circuit(self.circuit_error(), drain=False)
         self._add_timer(at, "restart", slot.id)
         wait = max(0.0, at - time.monotonic())
         if action == "open":
@@ -369,7 +377,10 @@ class Supervisor:
             pass
 
     def _once(self) -> None:
-        for key, _ in self.sel.select(self._next_timeout()):
+        # The template's end of file first: its workers die with it (PDEATHSIG), and
+        # none of them may be given a task between one's death and the next's.
+        events = sorted(self.sel.select(self._next_timeout()), key=lambda e: e[0].data[0] != "conn")
+        for key, _ in events:
             what, sid = key.data
             if what == "conn":
                 self._read_template()

@@ -17,8 +17,7 @@ import logging
 import signal
 import time
 from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastpool import errors
 from fastpool._supervision import _policy
@@ -60,8 +59,7 @@ class Cause(enum.Enum):
 _VERDICTS = frozenset((Cause.TIMEOUT, Cause.HUNG, Cause.MEMORY, Cause.CANCELLED, Cause.COLLATERAL))
 
 
-@dataclass(frozen=True)
-class Kill:
+class Kill(NamedTuple):
     """fastpool's reason for signalling (or stopping) a worker."""
 
     cause: Cause
@@ -69,15 +67,13 @@ class Kill:
     detail: str = ""
 
 
-@dataclass(frozen=True)
-class MemoryFacts:
+class MemoryFacts(NamedTuple):
     limit_bytes: int | None = None
     owned_bytes: int | None = None  # last sample of what the worker owns
     peak_bytes: int | None = None
 
 
-@dataclass(frozen=True)
-class Death:
+class Death(NamedTuple):
     slot: int
     pid: int
     exitcode: int | None
@@ -86,13 +82,12 @@ class Death:
     init_error: BaseException | None = None
     oom_confirmed: bool = False
     oom_evidence: str = ""
-    memory: MemoryFacts = field(default_factory=MemoryFacts)
+    memory: MemoryFacts = MemoryFacts()
     age_s: float = 0.0
     served: int = 0
 
 
-@dataclass(frozen=True)
-class TaskFacts:
+class TaskFacts(NamedTuple):
     id: int
     wire: int
     fn_name: str

@@ -89,9 +89,10 @@ def test_the_checks_here_do_see_a_loaded_module() -> None:
     ) == {"fastpool", "fastpool._native._core", "fastpool.errors"}
 
 
-def test_naming_pool_loads_the_machinery_and_not_the_extras() -> None:
+def test_naming_pool_loads_the_facade_and_not_the_machinery_or_the_extras() -> None:
+    # the supervision stack comes with the first pool, after its template's fork began
     loaded = loaded_after("from fastpool import Pool", NOT_AT_IMPORT)
-    assert {"fastpool.pool", "fastpool._supervision._supervisor"} <= loaded
+    assert "fastpool.pool" in loaded and "fastpool._supervision._supervisor" not in loaded
     assert loaded.isdisjoint(
         {
             "psutil",
@@ -186,6 +187,13 @@ def test_a_first_pool_that_sampled_memory_has_not_imported_psutil_or_cloudpickle
         "multiprocessing",
     )
     assert loaded_after(_FIRST_POOL, names) == set()
+
+
+def test_a_first_pool_loads_the_machinery_but_not_socket_py() -> None:
+    # the template's socket pair uses the C module: socket.py costs ~2 ms of a first
+    # pool before its template's fork
+    names = ("fastpool._supervision._supervisor", "fastpool._runtime._template", "socket")
+    assert loaded_after(_FIRST_POOL, names) == set(names[:2])
 
 
 def test_a_spawned_template_does_not_load_the_parents_machinery() -> None:
