@@ -446,19 +446,6 @@ def open_peer(name: str, workers: int = DEFAULT_WORKERS, warm: bool = True, peer
         close_peer(peer, before)
 
 
-def first_result_s(name: str, workers: int = DEFAULT_WORKERS) -> float:
-    """Seconds from constructing peer ``name`` to its first ``import_numpy`` result
-    (shutdown not counted)."""
-    cls = ALL_PEERS[name]
-    t0 = time.perf_counter()
-    peer = cls(workers)
-    try:
-        peer.submit(_tasks.import_numpy).result(timeout=WARM_TIMEOUT_S)
-        return time.perf_counter() - t0
-    finally:
-        peer.close()
-
-
 def _fresh_python(code: str, *args: str) -> float:
     """Run ``code`` in a new interpreter; it prints seconds as its last word."""
     done = subprocess.run(
@@ -473,15 +460,46 @@ def _fresh_python(code: str, *args: str) -> float:
     return float(done.stdout.split()[-1])
 
 
+# A first pool as a script meets it, one fresh interpreter per peer: NumPy is imported,
+# then the clock runs from the pool library's own import (fastpool's lazy Pool import,
+# multiprocessing's pool module, loky) to the first result, a worker's import of NumPy.
+# The task is a builtin (eval) so that no module of ours is imported before the clock.
+_NUMPY_EXPR = "__import__('numpy').__version__"
+_FIRST_POOL: dict[str, tuple[str, str]] = {  # peer: (import to first result, shutdown)
+    "fastpool": (
+        "import fastpool\np = fastpool.Pool({w})\nr = p.submit(eval, X).result()",
+        "p.shutdown()",
+    ),
+    "mp.Pool": (
+        "import multiprocessing\np = multiprocessing.Pool({w})\n"
+        "r = p.apply_async(eval, (X,)).get()",
+        "p.close(); p.join()",
+    ),
+    "PPE": (
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "p = ProcessPoolExecutor({w})\nr = p.submit(eval, X).result()",
+        "p.shutdown()",
+    ),
+    "loky": (
+        "import loky\np = loky.get_reusable_executor(max_workers={w}, timeout=600)\n"
+        "r = p.submit(eval, X).result()",
+        "p.shutdown(kill_workers=True)",
+    ),
+}
+
+
 def fresh_process_first_result_s(name: str, workers: int = DEFAULT_WORKERS) -> float:
-    """first_result_s in a new interpreter that has imported numpy: the first pool
-    of a program, which pays for whatever a pool starts once per process (fastpool's
-    template, loky's resource tracker)."""
-    code = (
-        "import sys, numpy; from fastpool._bench import peers; "
-        "print(peers.first_result_s(sys.argv[1], int(sys.argv[2])))"
+    """Seconds from importing peer ``name``'s library to its first result, in a new
+    interpreter that has imported numpy: the first pool of a program, which pays for
+    its imports and whatever a pool starts once per process (fastpool's template,
+    loky's resource tracker).  Shutdown is not counted."""
+    body, close = _FIRST_POOL[name]
+    lines = ["t0 = time.perf_counter()", body.format(w=workers), "t = time.perf_counter() - t0"]
+    lines += [close, "assert r == numpy.__version__, r", "print(t)"]
+    code = f"import time, numpy\nX = {_NUMPY_EXPR!r}\nif __name__ == '__main__':\n" + "\n".join(
+        "    " + line for text in lines for line in text.split("\n")
     )
-    return _fresh_python(code, name, str(workers))
+    return _fresh_python(code)
 
 
 def burst_s(name: str, workers: int, tasks: int, seconds: float) -> float:

@@ -13,8 +13,9 @@ same thing in both reports.
                 array as large back), by value on every peer, fastpool's shared idioms
                 ([share], [empty] both ways, [fill]) as rows of their own, and the compute alone
                 in this process
-    start       constructor to first result in a fresh interpreter that imported numpy,
-                and a plain multiprocessing spawn of a child importing numpy, for scale;
+    start       a fresh interpreter that imported numpy: from the pool library's import to
+                its first result, and a plain multiprocessing spawn of a child importing
+                numpy, for scale;
                 ``import fastpool`` after numpy; a cold pool of BURST_WORKERS running
                 BURST_TASKS sleeps of BURST_TASK_S (start plus ramp)
 
@@ -80,7 +81,7 @@ def round_trip_group(mib: int) -> str:
 
 
 def start_group(workers: int) -> str:
-    return f"start: construct to first result (import numpy), {workers} workers"
+    return f"start: import to first result, fresh process with numpy, {workers} workers"
 
 
 def import_group() -> str:
