@@ -45,7 +45,6 @@ left to remap from, so arrays kept past their pool stay shared in a child.
 
 import operator
 import os
-import random
 import weakref
 
 from libc.stdint cimport uint32_t, uint64_t
@@ -185,7 +184,7 @@ cdef class Arena:
             raise errors.SharedMemoryError(
                 f"cannot create the shared arena ({size} bytes of address space): "
                 f"{os.strerror(errno)}; pass a smaller Pool(arena_bytes=...)")
-        token = random.getrandbits(63) | 1
+        token = (int.from_bytes(os.urandom(8), "little") >> 1) | 1  # random: 1 ms to import
         if fp_arena_init(p, size, nprocs, region, budget, token, &self._v) != FP_OK:
             munmap(p, size)  # unreachable: geometry() checked the same bounds
             close(fd)

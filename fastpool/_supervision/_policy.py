@@ -21,9 +21,11 @@ Not thread-safe: the supervisor thread owns every breaker; other threads read
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Iterable
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    import random
 
 __all__ = [
     "Backoff",
@@ -83,8 +85,9 @@ class Backoff:
         self.base_s = float(base_s)
         self.cap_s = float(cap_s)
         # A fresh Random per Backoff, not a shared default argument: tests seed
-        # their own, and two pools must not draw from one stream.
-        self._rng = rng if rng is not None else random.Random()
+        # their own, and two pools must not draw from one stream.  Made at the first
+        # restart: a first pool does not pay for importing random.
+        self._rng = rng
 
     def ceiling(self, n: int) -> float:
         """The largest delay the n-th consecutive failure (n >= 1) can draw, in seconds."""
@@ -94,6 +97,10 @@ class Backoff:
 
     def delay(self, n: int) -> float:
         """A random delay in ``[0, ceiling(n)]`` seconds before restart number n."""
+        if self._rng is None:
+            import random
+
+            self._rng = random.Random()
         return self._rng.uniform(0.0, self.ceiling(n))
 
     def __repr__(self) -> str:
