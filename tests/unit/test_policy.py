@@ -58,7 +58,8 @@ def test_same_seed_same_delays() -> None:
 
 def test_default_backoffs_do_not_share_one_random_stream() -> None:
     a, b = Backoff(), Backoff()
-    assert a._rng is not b._rng
+    a.delay(1), b.delay(1)  # each makes its Random at its first draw
+    assert a._rng is not None and a._rng is not b._rng
 
 
 @pytest.mark.parametrize("n", [0, -1])
