@@ -136,31 +136,41 @@ class Supervisor:
         mp = sys.modules.get("multiprocessing.process")
         env = {"FASTPOOL_AUTHKEY": bytes(mp.current_process().authkey).hex()} if mp else {}
         msg, fds = ("spawn", slot.req, slot.id, env), [self.board.fileno(), self.arena.fileno()]
+        lost: list[Slot] = []
+        slot.via = None  # not sent yet: a reconnect below does not count it as lost
         with self._send_lock:
             try:
                 _template._send(self.conn, msg, fds)
             except OSError:  # the template died (its workers with it): start another
-                self._reconnect_template()
+                lost = self._reconnect_template()
                 _template._send(self.conn, msg, fds)
             slot.via = self.conn
         self._add_timer(slot.start_deadline, "start-deadline", slot.id)
+        for other in lost:
+            self._spawn(other, now)
 
-    def _reconnect_template(self) -> None:
+    def _reconnect_template(self) -> list[Slot]:
         """The template's connection closed: its workers are dead too (they die with it),
-        and their pidfds report it.  A new template serves the restarts."""
+        and their pidfds report it.  A new template serves the restarts.  Returns the
+        slots whose start the dead template never answered (no pid came back): the
+        caller asks again, at once, rather than after start_timeout."""
         try:
             self.sel.unregister(self.conn)
         except (KeyError, ValueError):
             pass
         _template.template().release(self.conn)
+        lost = []
         for slot in self.slots:  # killed with their template, whether or not reaped yet
             if slot.via is self.conn and slot.live:
                 self.disp.slot_stopping(slot.id)
+                if slot.state == "starting" and slot.pidfd is None and slot.pid is None:
+                    lost.append(slot)
         if self.stopping:
-            return
+            return []
         log.error("fastpool: the worker template exited; starting a new one")
         self.conn = _template.template().connect()
         self.sel.register(self.conn, selectors.EVENT_READ, ("conn", -1))
+        return lost
 
     # ---- hooks the dispatcher calls (no dispatcher lock held) -----------------------
 
@@ -415,7 +425,9 @@ class Supervisor:
             msg, fds = None, []
         if msg is None:
             with self.lock:
-                self._reconnect_template()
+                lost = self._reconnect_template()
+                for slot in lost:
+                    self._spawn(slot, time.monotonic())
             return
         if msg[0] == "pid":
             _, req, pid = msg
