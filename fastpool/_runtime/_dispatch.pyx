@@ -455,9 +455,16 @@ cdef class Dispatcher:
             self._release()
 
     def task_on(self, int s, uint64_t wire):
-        """The task slot s holds under this wire id, or None."""
+        """The task slot s holds under this wire id, or None.  wire 0 (the worker's
+        slot word names no task): the oldest task the slot holds while no reply from
+        it waits unread, the one its worker must be running or about to run (the word
+        is the worker's to write, and a task may have zeroed it); else None."""
         self._acquire()
         try:
+            if wire == 0:
+                if self._slots.held(s) == 0 or self.board.results_pending(s):
+                    return None
+                return self._slots.oldest(s)
             return self._slots.task_on(s, wire)
         finally:
             self._release()

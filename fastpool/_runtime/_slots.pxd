@@ -51,6 +51,7 @@ cdef class Slots:
     cdef void stopping(self, int s) noexcept
     cdef bint set_accepting(self, int s, bint accepting) except -1
     cdef list take(self, int s)
+    cdef Task oldest(self, int s)
     cdef Task task_on(self, int s, uint64_t wire)
     cdef tuple view(self, int s)
     cdef void clear(self)

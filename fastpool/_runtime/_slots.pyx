@@ -320,6 +320,11 @@ cdef class Slots:
             (<Task>t).slot = -1
         return tasks
 
+    cdef Task oldest(self, int s):
+        """The first task slot s holds (ring order), or None."""
+        q = self._held[s]
+        return q[0] if q else None
+
     cdef Task task_on(self, int s, uint64_t wire):
         if wire == 0:
             return None

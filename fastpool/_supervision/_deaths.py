@@ -53,6 +53,10 @@ def victim_of(
     """The task the death hit: the one the board names as running, or else, for a death
     nobody asked for outside the worker loop's own exits between tasks, the oldest held."""
     victim = next((t for t in tasks if t.wire == current), None)
+    if victim is None and kill is not None and kill.wire:
+        # a kill aimed at a held task while the worker's word named none (a task that
+        # zeroed it and hung): that task, never a requeue that would hang again
+        victim = next((t for t in tasks if t.wire == kill.wire), None)
     if victim is None and tasks and kill is None and not stopping:
         if exitcode not in EXITS_BETWEEN_TASKS:
             # `current` is a word the task itself can overwrite: the oldest task held

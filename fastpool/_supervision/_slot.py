@@ -27,6 +27,7 @@ class Slot:
         "req",
         "cur_seen",
         "cur_since",
+        "served_seen",
         "hb_seen",
         "hb_since",
         "init_error",
@@ -53,6 +54,7 @@ class Slot:
         self.req = 0
         self.cur_seen = 0
         self.cur_since = 0.0
+        self.served_seen = -1  # the dispatcher's count of its replies, last read
         self.hb_seen = -1
         self.hb_since = 0.0
         self.init_error: BaseException | None = None

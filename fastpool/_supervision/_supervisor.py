@@ -127,7 +127,7 @@ class Supervisor:
         slot.kill = None
         slot.kill_pending = False
         slot.pid = None
-        slot.cur_seen, slot.hb_seen = 0, -1
+        slot.cur_seen, slot.hb_seen, slot.served_seen = 0, -1, -1
         slot.mem, slot.cg, slot.oom_before, slot.oom_last, slot.baseline, slot.cg_text = (None,) * 6
         slot.retiring = False
         # the owner's multiprocessing authkey, which a forked child would inherit: Manager
@@ -570,11 +570,19 @@ class Supervisor:
                     slot.cur_seen, slot.cur_since = cur, now
                 if hb != slot.hb_seen:
                     slot.hb_seen, slot.hb_since = hb, now
+                # cur 0 (no task named): the oldest task the slot holds, if no reply of it
+                # waits; the word is the worker's to write, so a task that zeroed it and
+                # hangs is timed all the same, from the last reply the parent counted
+                task = self.disp.task_on(slot.id, cur)
                 if not cur:
-                    continue
-                limit = _watch.task_limit(self.disp.task_on(slot.id, cur), task_timeout)
+                    if task is None:
+                        continue  # idle, or a reply waits to be read
+                    served = self.disp.slot_view(slot.id)[2]
+                    if served != slot.served_seen:
+                        slot.served_seen, slot.cur_since = served, now
+                limit = _watch.task_limit(task, task_timeout)
                 kill = _watch.liveness_kill(
-                    now, cur, slot.cur_since, slot.hb_since, limit, hang_timeout
+                    now, cur or task.wire, slot.cur_since, slot.hb_since, limit, hang_timeout
                 )
                 if kill is not None:
                     self.kill(slot, kill)

@@ -94,6 +94,18 @@ def test_a_corrupt_result_ring_fails_that_workers_tasks_with_segment_corrupt() -
         _still_serves(pool)
 
 
+def test_a_task_that_zeroes_its_current_word_and_hangs_still_times_out() -> None:
+    # The word says "no task" while the slot holds one and nothing comes back: the
+    # parent times the task it gave that worker, not the word.
+    with make_pool(1, task_timeout=0.5, backoff_base_s=0.01) as pool:
+        _still_serves(pool)
+        bad = pool.submit(_faulty.scribble, "slot_current", 0, 600)
+        with pytest.raises(errors.TaskTimeout):
+            bad.result(timeout=SETTLE_S)
+        _still_serves(pool)
+        assert pool.stats()["crashes"][-1]["cause"] == "timeout"
+
+
 # ---- the parent decides from its own state (issue 15, section 7) --------------------
 
 

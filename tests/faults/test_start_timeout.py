@@ -1,9 +1,10 @@
 """A worker that never becomes ready is a failed start (issue 9, section 3).
 
 ``Pool(start_timeout=...)``: a slot whose worker has not said READY by then --
-an initializer that never returns, a spawn request the template never answered --
+an initializer that never returns, a spawn request a live template never answered --
 counts as a failure of that slot: crash record cause "start-timeout", backoff,
-and after ``max_failures`` the breaker opens (CircuitOpen).
+and after ``max_failures`` the breaker opens (CircuitOpen).  A request lost with a
+template that died is asked of the next template at once.
 """
 
 from __future__ import annotations
@@ -117,21 +118,17 @@ def _unanswered_spawn(pool: fastpool.Pool) -> int:
     return template
 
 
-def test_a_spawn_request_lost_with_its_template_times_out_and_the_pool_serves_on(tmp_path):
+def test_a_spawn_request_lost_with_its_template_is_asked_again_at_once(tmp_path):
     """The template dies with the request unread (SIGKILL while stopped): no pid,
-    no pidfd will ever come.  The start deadline fires, the start counts as a
-    failure of the slot, and a new template serves the restart."""
-    with fastpool.Pool(1, start_timeout=START_TIMEOUT_S, backoff_base_s=0.01) as pool:
+    no pidfd will ever come.  The slot asks the next template at once, rather than
+    when its start_timeout (far longer than this test waits) gives up: no start
+    failure is counted, and the pool serves on."""
+    with fastpool.Pool(1, start_timeout=600, backoff_base_s=0.01) as pool:
         template = _unanswered_spawn(pool)
         os.kill(template, signal.SIGKILL)
         wait_gone([template])
-        wait_for(
-            lambda: "start-timeout" in _causes(pool),
-            what=lambda: f"a start-timeout record: {pool.stats()['crashes']}",
-        )
         assert pool.submit(double, 21).result(timeout=30) == 42
-        rec = next(c for c in pool.stats()["crashes"] if c["cause"] == "start-timeout")
-        assert rec["task_id"] is None and "start_timeout" in rec["detail"]
+        assert "start-timeout" not in _causes(pool)
         assert _template.template().pid != template
 
 

@@ -81,26 +81,6 @@ def test_killed_template_fails_its_workers_tasks_at_once_and_the_pool_goes_on(tm
         assert _template.template().pid not in (None, old)
 
 
-def test_a_start_the_dead_template_never_answered_is_asked_again_at_once():
-    # A stopped template takes the respawn request of a killed worker, then dies without
-    # answering it: the slot starts through the next template at once, not when its
-    # start_timeout (far longer than this test waits) gives up on the lost request.
-    with fastpool.Pool(1, backoff_base_s=0.01, backoff_cap_s=0.02, start_timeout=600) as p:
-        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
-        tpid, wpid = _template.template().pid, p.stats()["workers"][0]["pid"]
-        os.kill(tpid, signal.SIGSTOP)
-        try:
-            os.kill(wpid, signal.SIGKILL)
-            wait_for(
-                lambda: p.stats()["workers"][0]["state"] == "starting",
-                what=lambda: f"a respawn request to the stopped template: {p.stats()}",
-            )
-        finally:
-            os.kill(tpid, signal.SIGKILL)
-        assert p.submit(_tasks.double, 2).result(timeout=REPLY_TIMEOUT_S) == 4
-        assert _template.template().pid != tpid
-
-
 def _pids_hierarchy() -> Path | None:
     """Where a pids controller is mounted that this process may add a group to."""
     try:
