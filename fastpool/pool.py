@@ -45,7 +45,7 @@ from fastpool import errors, telemetry
 from fastpool._integrations import _progress
 from fastpool._native import _ndarray
 from fastpool._native._core import check_ring_bytes
-from fastpool._runtime import _mapper, _template
+from fastpool._runtime import _arrays, _mapper, _template
 from fastpool._runtime._call import TaskFunction
 from fastpool._supervision import _lifetime, _policy, _sizing
 from fastpool._supervision._supervisor import DEFAULT_START_TIMEOUT_S
@@ -731,6 +731,23 @@ class Pool(Executor):
         writeable.  Errors as for ``empty``.  Thread-safe."""
         self._arrays_open()
         return _ndarray.share(self._arena, arr, readonly)
+
+    def arrays(self) -> _arrays.ArraysContext:
+        """``with pool.arrays():`` NumPy arrays of 1 MiB or more made in this thread
+        (``np.empty``, ``np.zeros``, ``np.load``, ``a + b``...) are born in this pool's
+        shared memory, so passing them to its tasks copies nothing (docs/arrays.md).
+
+        Such arrays behave like ``pool.empty``'s: a task sees the caller's bytes, and
+        its writes are the caller's.  They stay valid after the block or the pool
+        shuts down, and in a forked child (copy-on-write there).  Allocations the
+        arena cannot serve (full, pool shut down, a forked child) silently fall back
+        to NumPy's own allocator: those arrays are copied when sent, as any array.
+        Raises PoolClosed after shutdown.  The setting is NumPy's allocator context
+        variable: it covers this thread (and asyncio tasks started inside), never
+        other threads.  Nested blocks of other pools take over until they end.
+        Thread-safe."""
+        self._arrays_open()
+        return _arrays.ArraysContext(self._arena)
 
     def _arrays_open(self) -> None:
         if self._disp.closed:
