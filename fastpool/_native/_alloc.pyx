@@ -490,7 +490,7 @@ def adopt(arr, Arena arena=None):
 def rebase(arr):
     """Turns a hook array of this process into an array over a Block of the same bytes,
     in place (fastpool.transfer detaches only such arrays).  Returns False, changing
-    nothing, when arr owns no hook block."""
+    nothing, when arr owns no hook block or its pool is shut down."""
     cdef Py_ssize_t page = -1
     cdef hook_t *h = NULL
     for hook in _hooks.values():
@@ -498,6 +498,8 @@ def rebase(arr):
             h = (<Hook>hook).h
             break
     if h == NULL or not (PyArray_FLAGS(<PyArrayObject *><PyObject *>arr) & NPY_ARRAY_OWNDATA):
+        return False
+    if h.closed[0]:  # its pool is shut down: no Block can be taken on it any more
         return False
     if PyArray_BASE(<PyArrayObject *><PyObject *>arr) != NULL:
         return False
