@@ -55,11 +55,11 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset, strncmp, strncpy
 
 from fastpool._native._arena cimport (
-    FP_ARENA_PAGE, MADV_POPULATE_WRITE, Arena, fp_arena_alloc_capped, fp_arena_blk_t,
+    FP_ARENA_PAGE, Arena, commit_pages, fp_arena_alloc_capped, fp_arena_blk_t,
     fp_arena_damage_t, fp_arena_unbump,
     fp_arena_unref, fp_arena_view_t,
 )
-from fastpool._native._sys cimport EINVAL, FP_OK, errno, fallocate, madvise
+from fastpool._native._sys cimport FP_OK
 
 cdef extern from "<unistd.h>" nogil:
     int getpid()
@@ -169,7 +169,6 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
     cdef fp_arena_damage_t d
     cdef fp_arena_view_t *v = h.v
     cdef uint64_t fresh = 0, i, first
-    cdef int rc
     if (not h.serving or h.arena == NULL or h.closed[0] or v.base == NULL
             or PyGILState_Check() != 1 or getpid() != h.pid):
         return NULL
@@ -179,10 +178,7 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
     if fresh:
         # Take the pages now, where failure is a fallback: a page the kernel cannot
         # supply on first touch would be a SIGBUS in the task.
-        rc = madvise(v.base + b.off, fresh, MADV_POPULATE_WRITE)
-        if rc != 0 and errno == EINVAL and h.fd[0] >= 0:  # kernel older than 5.14
-            rc = fallocate(h.fd[0], 0, <long>b.off, <long>fresh)
-        if rc != 0:
+        if commit_pages(h.fd[0], v.base, b.off, fresh) != 0:
             fp_arena_unbump(v, h.proc, &b, h.own_top)
             return NULL
     else:
