@@ -12,18 +12,20 @@
     free           NumPy -> _free(h, ptr): the hook array's reference is dropped; a
                    Block taken by adopt (the call's keep, a handoff) keeps the block
 
-One hook per arena and process (Hook, in _hooks by the arena's token): a C struct
-(hook_t) that carries its own NEP 49 handler, so NumPy's ctx pointer names the
-hook and each array remembers which arena its bytes are in, whatever handler is
-current when it goes.  The capsule NumPy keeps with each array owns the struct:
-it is freed once no array made under it (hook block or malloc fallback) is left.
+A hook is a C struct (hook_t) that carries its own NEP 49 handler, so NumPy's
+ctx pointer names the hook, and each array (which keeps its handler's capsule)
+names the hook and the arena its bytes are in, whatever handler is current when
+it goes.  The capsule owns the struct, and the struct a reference to its Arena:
+both live until no array made under the handler (hook block or malloc fallback)
+and no Hook object (the worker's install, a pool.arrays() context) is left.
+_hooks finds the live Hook of an arena, so that contexts of one pool share it.
 
 Lifetime.  A hook block is an ordinary arena block whose reference (this
 process's counter) the ndarray's data holds instead of a Block.  While any hook
-array of an arena lives, the hook holds a strong reference to its Arena and one
-of its Block counts, so the mapping outlives the pool's shutdown (Arena.close):
-such an array stays valid memory, and is unmapped when the last one goes.
-Views keep their base, hence the data, alive as for any array.
+array of an arena lives, the hook holds one of the Arena's Block counts, so the
+mapping outlives the pool's shutdown (Arena.close): such an array stays valid
+memory, and the mapping goes with the last one.  Views keep their base, hence
+the data, alive as for any array.
 
 What the hook never does:
 - fail an allocation malloc would satisfy: a small request (< min_bytes), an
@@ -49,10 +51,10 @@ FASTPOOL_NUMPY_HOOK=0 in a worker's environment turns the worker's hook off.
 import weakref
 
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
-from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF, Py_XDECREF
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy, memset, strncmp, strncpy
+from libc.string cimport memcpy, memset, strncpy
 
 from fastpool._native._arena cimport (
     FP_ARENA_PAGE, Arena, commit_pages, fp_arena_alloc_capped, fp_arena_blk_t,
@@ -103,6 +105,7 @@ cdef extern from "numpy/arrayobject.h":
     int PyArray_FLAGS(PyArrayObject *arr)
     void PyArray_CLEARFLAGS(PyArrayObject *arr, int flags)
     int NPY_ARRAY_OWNDATA
+    PyObject *PyArray_HANDLER(PyArrayObject *arr)
     int _PyArray_SetBaseObject "PyArray_SetBaseObject" (PyArrayObject *arr,
                                                         PyObject *base) except -1  # steals base
 
@@ -118,7 +121,7 @@ MIN_BYTES = 1 << 20      # smaller arrays stay with malloc: they travel inline, 
 # The parent's hook may fill the budget up to this share; the rest stays for by-value
 # copies, pool.empty and the workers' results, which fail (SharedMemoryError) without room.
 PARENT_CAP_SHARE = 0.75
-cdef const char *HANDLER_NAME = b"fastpool_arena"  # how a hook tells its own handlers apart
+cdef const char *HANDLER_NAME = b"fastpool_arena"  # what np.core.multiarray.get_handler_name says
 
 ctypedef struct hook_rec:
     uint64_t gen         # the block's generation; 0: no hook block starts on this page
@@ -128,8 +131,8 @@ ctypedef struct hook_t:
     PyDataMem_Handler handler   # NumPy's view: its allocator's ctx is this struct
     PyDataMemAllocator prev     # the fallback, and the free of what it allocated
     PyObject *prev_capsule      # owned: keeps prev's context alive
-    PyObject *arena             # borrowed; NULL once the Arena is gone. Owned while live > 0
-    fp_arena_view_t *v          # these point into the Arena: valid while arena != NULL
+    PyObject *arena             # owned: the pointers below point into it
+    fp_arena_view_t *v
     uint64_t *own_top
     uint32_t *held
     Py_ssize_t *blocks
@@ -151,7 +154,7 @@ cdef inline Py_ssize_t _page_of(hook_t *h, const void *p) noexcept nogil:
     # The region page of h's hook block whose data starts at p, or -1.
     cdef uint64_t a
     cdef fp_arena_view_t *v = h.v
-    if h.arena == NULL or v.base == NULL or <const char *>p < <const char *>v.base:
+    if v.base == NULL or <const char *>p < <const char *>v.base:
         return -1
     a = <uint64_t>(<const char *>p - <const char *>v.base)
     if a < h.lo + v.hdr or a >= h.hi:
@@ -169,7 +172,7 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
     cdef fp_arena_damage_t d
     cdef fp_arena_view_t *v = h.v
     cdef uint64_t fresh = 0, i, first
-    if (not h.serving or h.arena == NULL or h.closed[0] or v.base == NULL
+    if (not h.serving or h.closed[0] or v.base == NULL
             or PyGILState_Check() != 1 or getpid() != h.pid):
         return NULL
     if fp_arena_alloc_capped(v, h.proc, n, h.cap, &b, &fresh, h.own_top, &d) != FP_OK:
@@ -187,10 +190,8 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
                 fp_arena_unref(v, h.proc, b.off)
                 return NULL
     if h.live == 0:
-        # The first live hook array pins the Arena object and its mapping
-        # (one Block count), so both outlive the pool's shutdown while it lives.
-        with gil:
-            Py_INCREF(<object>h.arena)
+        # The first live hook array pins the mapping (one Block count), so it
+        # outlives the pool's shutdown while any hook array lives.
         h.blocks[0] += 1
     h.held[first] += 1
     h.recs[first].gen = b.gen
@@ -214,17 +215,10 @@ cdef bint _give_back(hook_t *h, void *p) noexcept nogil:
             h.held[page] -= 1
         h.live -= 1
         fp_arena_unref(h.v, h.proc, h.lo + <uint64_t>page * FP_ARENA_PAGE)
-        if h.live == 0:
+        if h.live == 0:  # the last one: unmap if the pool closed meanwhile
             h.blocks[0] -= 1
-            _release(<object>h.arena)
+            (<Arena>h.arena)._maybe_unmap()
     return True
-
-
-cdef void _release(Arena arena) noexcept:
-    # The last hook array went: unmap if the pool closed meanwhile, then drop the pin
-    # (the caller's reference keeps arena alive until this returns).
-    arena._maybe_unmap()
-    Py_DECREF(arena)
 
 
 cdef void *_malloc(void *ctx, size_t n) noexcept nogil:
@@ -289,33 +283,35 @@ cdef void _capsule_gone(object capsule) noexcept:
     cdef hook_t *h = <hook_t *>PyCapsule_GetPointer(capsule, b"mem_handler")
     if h != NULL:
         Py_XDECREF(h.prev_capsule)
+        Py_XDECREF(h.arena)
         free(h.recs)
         free(h)
 
 
 cdef bint _is_hook(object capsule):
+    # NumPy names every handler capsule "mem_handler"; ours are those that call _malloc.
     cdef PyDataMem_Handler *hd = <PyDataMem_Handler *>PyCapsule_GetPointer(capsule,
                                                                            b"mem_handler")
-    return hd != NULL and strncmp(hd.name, HANDLER_NAME, 126) == 0
+    return hd != NULL and hd.allocator.malloc == _malloc
 
 
 cdef class Hook:
     """One arena's NumPy handler in this process (see the module docstring)."""
 
     cdef hook_t *h
-    cdef readonly object capsule
-    cdef object _arena_ref
-    cdef readonly uint64_t token
+    cdef readonly object capsule  # holds h (and h its Arena) while this Hook lives
+    cdef object __weakref__
 
-    def _arena_gone(self, _ref):
-        # Runs when the Arena object is freed, before its memory goes: no hook array
-        # is alive then (each pins it), so nothing reads the pointers after this.
-        self.h.arena = NULL
-        if _hooks.get(self.token) is self:
-            del _hooks[self.token]
+    def stats(self):
+        """live: hook arrays alive now; served: blocks handed to NumPy; fallbacks:
+        requests of at least min_bytes that went to malloc (arena full or closed, no
+        GIL, forked child)."""
+        cdef hook_t *h = self.h
+        return dict(installed=bool(h.serving), live=h.live, served=h.served,
+                    fallbacks=h.fallbacks, min_bytes=h.min_bytes, cap_bytes=h.cap, pid=h.pid)
 
 
-_hooks = {}  # arena token -> Hook of that arena in this process
+_hooks = weakref.WeakValueDictionary()  # arena token -> the live Hook of that arena here
 _installed = None  # the worker's own hook (install), or None
 cdef bint _numpy_ready = False
 
@@ -360,6 +356,7 @@ cdef Hook _hook_for(Arena arena):
     h.handler.allocator.realloc = _realloc
     h.handler.allocator.free = _free
     h.arena = <PyObject *>arena
+    Py_INCREF(arena)
     h.v, h.own_top, h.held, h.blocks = &arena._v, &arena._own_top, arena._held, &arena._blocks
     h.closed, h.fd, h.proc = &arena.closed, &arena._fd, arena.proc
     h.lo = arena._v.regions_offset + <uint64_t>arena.proc * arena._v.region_size
@@ -370,8 +367,6 @@ cdef Hook _hook_for(Arena arena):
     cdef Hook hook = Hook.__new__(Hook)
     hook.h = h
     hook.capsule = PyCapsule_New(&h.handler, b"mem_handler", _capsule_gone)
-    hook.token = arena.token
-    hook._arena_ref = weakref.ref(arena, hook._arena_gone)
     _hooks[arena.token] = hook
     return hook
 
@@ -385,12 +380,21 @@ cdef bint _owns(hook_t *h, object arr, Py_ssize_t *page):
 
 
 cdef hook_t *_hook_of_array(object arr, Arena arena, Py_ssize_t *page):
-    # The hook (of arena, or the worker's install when None) whose block arr's data
-    # starts; NULL when arr's bytes are not a hook block of this process.
-    got = _installed if arena is None else _hooks.get(arena.token)
-    if got is None or not _owns((<Hook>got).h, arr, page):
+    # The hook whose block arr's data starts, found through the handler NumPy keeps
+    # with arr; NULL unless it is a hook of this process, of arena (None: the
+    # worker's install).
+    if not PyArray_CheckExact(<PyObject *>arr):
         return NULL
-    return (<Hook>got).h
+    cdef PyObject *cap = PyArray_HANDLER(<PyArrayObject *><PyObject *>arr)
+    if cap == NULL or not _is_hook(<object>cap):
+        return NULL
+    cdef hook_t *h = <hook_t *>PyCapsule_GetPointer(<object>cap, b"mem_handler")
+    if arena is None:
+        if _installed is None or h != (<Hook>_installed).h:
+            return NULL
+    elif h.arena != <PyObject *>arena:
+        return NULL
+    return h if _owns(h, arr, page) else NULL
 
 
 def install(Arena arena not None, min_bytes=MIN_BYTES, cap_bytes=None):
@@ -431,7 +435,8 @@ def uninstall():
 def enter(Arena arena not None):
     """The parent's hook (pool.arrays()): makes NumPy allocate arrays of at least
     MIN_BYTES (np.zeros too) in arena's region 0, in the calling thread's context,
-    until leave(); returns what leave() takes.  Allocations the arena cannot serve
+    until leave(previous); returns (the Hook, which its caller keeps while it may
+    enter again, and previous).  Allocations the arena cannot serve
     fall back to the handler current when the hook was made.  Raises ValueError
     for a closed arena or a worker's view, MemoryError when the bookkeeping
     cannot be allocated."""
@@ -442,7 +447,7 @@ def enter(Arena arena not None):
     h.cap = <uint64_t>(arena._v.budget * PARENT_CAP_SHARE)
     h.zero_too = True
     h.serving = True
-    return PyDataMem_SetHandler(hook.capsule)
+    return hook, PyDataMem_SetHandler(hook.capsule)
 
 
 def leave(previous):
@@ -450,20 +455,14 @@ def leave(previous):
     PyDataMem_SetHandler(previous)
 
 
-def _stats_of(hook):
+def stats(Arena arena=None):
+    """Hook.stats() of the worker's installed hook (arena None) or of arena's live hook
+    in this process; all zero when there is none."""
+    hook = _installed if arena is None else _hooks.get(arena.token)
     if hook is None:
         return dict(installed=False, live=0, served=0, fallbacks=0, min_bytes=MIN_BYTES,
                     cap_bytes=0, pid=0)
-    cdef hook_t *h = (<Hook>hook).h
-    return dict(installed=bool(h.serving), live=h.live, served=h.served, fallbacks=h.fallbacks,
-                min_bytes=h.min_bytes, cap_bytes=h.cap, pid=h.pid)
-
-
-def stats(Arena arena=None):
-    """live: hook arrays alive now; served: blocks handed to NumPy; fallbacks: requests
-    of at least min_bytes that went to malloc (arena full or closed, no GIL, forked
-    child).  arena None: the worker's installed hook; else that arena's in this process."""
-    return _stats_of(_installed if arena is None else _hooks.get(arena.token))
+    return hook.stats()
 
 
 def is_hook_array(arr, Arena arena=None):
@@ -489,10 +488,8 @@ def rebase(arr):
     nothing, when arr owns no hook block or its pool is shut down."""
     cdef Py_ssize_t page = -1
     cdef hook_t *h = NULL
-    for hook in _hooks.values():
-        if _owns((<Hook>hook).h, arr, &page):
-            h = (<Hook>hook).h
-            break
+    if PyArray_CheckExact(<PyObject *>arr):
+        h = _hook_of_array(arr, <Arena>(<object>_handler_arena(arr)), &page)
     if h == NULL or not (PyArray_FLAGS(<PyArrayObject *><PyObject *>arr) & NPY_ARRAY_OWNDATA):
         return False
     if h.closed[0]:  # its pool is shut down: no Block can be taken on it any more
@@ -510,6 +507,14 @@ def rebase(arr):
 
 cdef int _set_base(PyArrayObject *arr, PyObject *base) except -1:
     return _PyArray_SetBaseObject(arr, base)
+
+
+cdef PyObject *_handler_arena(object arr):
+    # The Arena of the hook that made arr (None when arr was not made by one).
+    cdef PyObject *cap = PyArray_HANDLER(<PyArrayObject *><PyObject *>arr)
+    if cap == NULL or not _is_hook(<object>cap):
+        return <PyObject *>None
+    return (<hook_t *>PyCapsule_GetPointer(<object>cap, b"mem_handler")).arena
 
 
 cdef int _walk(hook_t *h, PyObject *o, int depth, set found) except -1:

@@ -403,27 +403,29 @@ def decode_result(payload: bytes, arena: Any, src: int) -> Any:
 
 
 class ArraysContext:
-    """``with pool.arrays():`` NumPy arrays of at least ``MIN_BYTES`` made in this
-    thread's context are born in the pool's shared memory (fastpool/_native/_alloc.pyx).
+    """``with pool.arrays():`` NumPy arrays of at least 1 MiB made in this thread's
+    context are born in the pool's shared memory (fastpool/_native/_alloc.pyx).
 
     Re-entrant and reusable; each ``with`` gives the context back the handler it found.
     """
 
-    __slots__ = ("_arena", "_saved")
+    __slots__ = ("_arena", "_hook", "_saved")
 
     def __init__(self, arena: Any) -> None:
         self._arena = arena
+        self._hook: Any = None  # the arena's hook, kept while this context may enter it
         self._saved: list[Any] = []
 
     def __enter__(self) -> ArraysContext:
         from fastpool._native import _alloc
 
         try:
-            self._saved.append(_alloc.enter(self._arena))
+            self._hook, previous = _alloc.enter(self._arena)
         except ValueError:  # closed between the pool's check and here
             raise errors.PoolClosed(
                 "this pool was shut down: its shared memory takes no new arrays"
             ) from None
+        self._saved.append(previous)
         return self
 
     def __exit__(self, *_exc: Any) -> None:
@@ -433,11 +435,11 @@ class ArraysContext:
 
     def stats(self) -> dict[str, int]:
         """``live``: arrays of this pool made by the hook in this process and alive now;
-        ``served``: arrays it ever made; ``fallbacks``: large arrays it left to malloc
-        (the arena full or closed, another thread without the GIL, a forked child)."""
-        from fastpool._native import _alloc
-
-        s = _alloc.stats(self._arena)
+        ``served``: arrays it ever made; ``fallbacks``: large arrays it left to NumPy
+        (the arena full or closed, a thread without the GIL, a forked child)."""
+        if self._hook is None:
+            return {"live": 0, "served": 0, "fallbacks": 0}
+        s = self._hook.stats()
         return {k: s[k] for k in ("live", "served", "fallbacks")}
 
 

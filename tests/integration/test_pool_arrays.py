@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import threading
 
 import _arrays
@@ -175,3 +177,29 @@ def test_transfer_takes_an_array_made_inside(pool):
 def test_an_array_from_outside_cannot_be_transferred(pool):
     with pytest.raises(TypeError, match="plain arrays are copied"):
         fastpool.transfer(np.ones(N))
+
+
+EXIT_SCRIPT = """
+import numpy as np
+import fastpool
+
+pool = fastpool.Pool(1)
+with pool.arrays():
+    KEPT = [np.ones(1 << 18), np.ones(10), np.zeros(1 << 18)[::2]]  # hook and NumPy's own
+if {shut_down}:
+    pool.shutdown()
+print(float(KEPT[0].sum()))
+"""
+
+
+@pytest.mark.parametrize("shut_down", [True, False])
+def test_an_interpreter_that_exits_holding_such_arrays_exits_cleanly(shut_down):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT.format(shut_down=shut_down)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, str(float(N)), "")
