@@ -203,3 +203,24 @@ def test_an_interpreter_that_exits_holding_such_arrays_exits_cleanly(shut_down):
         timeout=120,
     )
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, str(float(N)), "")
+
+
+def test_threads_each_in_their_own_context_share_the_arena_safely(pool):
+    rounds, start = 40, threading.Barrier(3)
+    failures: list[str] = []
+
+    def work(value: float) -> None:
+        start.wait()
+        for i in range(rounds):
+            with pool.arrays():
+                arr = np.full(N + i, value)
+            got = pool.submit(_arrays.total, arr).result(timeout=RESULT_S)
+            if not born_in(pool, arr) or got != value * (N + i) or (arr != value).any():
+                failures.append(f"{value}: round {i}")
+
+    threads = [threading.Thread(target=work, args=(v,)) for v in (1.0, 2.0, 3.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == [] and pool._arena.usage()["live_blocks"] == 0
