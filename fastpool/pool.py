@@ -733,18 +733,13 @@ class Pool(Executor):
         return _ndarray.share(self._arena, arr, readonly)
 
     def arrays(self) -> _arrays.ArraysContext:
-        """``with pool.arrays():`` NumPy arrays of 1 MiB or more made in this thread
-        (``np.empty``, ``np.zeros``, ``np.load``, ``a + b``...) are born in this pool's
-        shared memory, so passing them to its tasks copies nothing (docs/arrays.md).
+        """``with pool.arrays():`` NumPy arrays of 1 MiB or more made in this thread are
+        born in this pool's shared memory and cross to its tasks like ``pool.empty``'s,
+        with no copy; they stay valid after the block and the pool end (docs/arrays.md).
 
-        Such arrays behave like ``pool.empty``'s: a task sees the caller's bytes, and
-        its writes are the caller's.  They stay valid after the block or the pool
-        shuts down, and in a forked child (copy-on-write there).  Allocations the
-        arena cannot serve (full, pool shut down, a forked child) silently fall back
-        to NumPy's own allocator: those arrays are copied when sent, as any array.
-        Raises PoolClosed after shutdown.  The setting is NumPy's allocator context
-        variable: it covers this thread (and asyncio tasks started inside), never
-        other threads.  Nested blocks of other pools take over until they end.
+        Never fails an allocation: what the arena cannot serve (full, shut down, a
+        forked child) falls back to NumPy's allocator, and is copied when sent.  Raises
+        PoolClosed after shutdown.  Covers the calling thread's context only.
         Thread-safe."""
         self._arrays_open()
         return _arrays.ArraysContext(self._arena)
