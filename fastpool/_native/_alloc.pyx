@@ -382,8 +382,9 @@ cdef bint _owns(hook_t *h, object arr, Py_ssize_t *page):
 cdef hook_t *_hook_of_array(object arr, Arena arena, Py_ssize_t *page):
     # The hook whose block arr's data starts, found through the handler NumPy keeps
     # with arr; NULL unless it is a hook of this process, of arena (None: the
-    # worker's install).
-    if not PyArray_CheckExact(<PyObject *>arr):
+    # worker's install).  Before the first hook, NumPy's C API is not imported here
+    # (PyArray_CheckExact would read a NULL table), and no hook array exists anyway.
+    if not _numpy_ready or not PyArray_CheckExact(<PyObject *>arr):
         return NULL
     cdef PyObject *cap = PyArray_HANDLER(<PyArrayObject *><PyObject *>arr)
     if cap == NULL or not _is_hook(<object>cap):
@@ -488,7 +489,7 @@ def rebase(arr):
     nothing, when arr owns no hook block or its pool is shut down."""
     cdef Py_ssize_t page = -1
     cdef hook_t *h = NULL
-    if PyArray_CheckExact(<PyObject *>arr):
+    if _numpy_ready and PyArray_CheckExact(<PyObject *>arr):
         h = _hook_of_array(arr, <Arena>(<object>_handler_arena(arr)), &page)
     if h == NULL or not (PyArray_FLAGS(<PyArrayObject *><PyObject *>arr) & NPY_ARRAY_OWNDATA):
         return False
