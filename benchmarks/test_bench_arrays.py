@@ -12,10 +12,14 @@ exist, its shared-memory idioms as extra rows of the same group:
     fastpool [empty]  input allocated with pool.empty and filled once, before the timing
                       (round trip: the worker returns arr * 2, which NumPy made in the
                       worker's shared region, fastpool/_native/_alloc.pyx)
+    fastpool [arrays] input made by NumPy inside ``with pool.arrays()``, once, before the
+                      timing: born in shared memory, sent like [empty]'s
     fastpool [fill]   round trip where the worker writes into out = pool.empty(...)
                       (allocated inside the timed call), the "worker fills a shared
                       output" idiom (``fill_double``), one task, like the peers
     in-process        the same call in this process, no pool: the compute alone
+    in-process [shared pages]  the same on a copy in a shared-memory arena (4 KiB pages
+                      where shmem gets no huge pages): the floor of the shared idioms
 
 The calls themselves are fastpool/_bench/scenarios.py's ``array_call``, the ones
 ``python -m fastpool bench`` times.
@@ -37,7 +41,9 @@ import pytest
 from _peers import median_s, open_peer, peak_memory, tag
 
 from fastpool._bench.scenarios import (
+    IDIOMS,
     IN_PROCESS,
+    SHARED_PAGES,
     SIZES_MIB,
     array_call,
     check_doubled,
@@ -108,22 +114,23 @@ def test_round_trip(benchmark, array_peer, mib):
 
 @pytest.mark.parametrize("mib", SIZES_MIB)
 @pytest.mark.parametrize("direction", ["one way", "round trip"])
-def test_compute_alone(benchmark, mib, direction):
+@pytest.mark.parametrize("idiom", ["", SHARED_PAGES])
+def test_compute_alone(benchmark, mib, direction, idiom):
     """The same call in this process, no pool: what the hop costs on top of the work."""
     benchmark.group = one_way_group(mib) if direction == "one way" else round_trip_group(mib)
     arr = make_array(mib)
     with open_peer(IN_PROCESS) as peer:
-        call = array_call(peer, direction, "", arr)
+        call = array_call(peer, direction, idiom, arr)
         moved = arr.nbytes * (1 if direction == "one way" else 2)
-        out = _measure(benchmark, call, mib, IN_PROCESS, "", moved, peer.start_method)
+        out = _measure(benchmark, call, mib, IN_PROCESS, idiom, moved, peer.start_method)
     (check_total if direction == "one way" else check_doubled)(out, arr)
 
 
 @pytest.mark.parametrize("mib", SIZES_MIB)
-@pytest.mark.parametrize("idiom", ["share", "empty"])
+@pytest.mark.parametrize("idiom", IDIOMS["one way"])
 def test_one_way_shared(benchmark, fastpool_peer, mib, idiom):
     benchmark.group = one_way_group(mib)
-    _require(fastpool_peer.pool, "share", "empty")
+    _require(fastpool_peer.pool, "share", "empty", "arrays")
     arr = make_array(mib)
     call = array_call(fastpool_peer, "one way", idiom, arr)
     got = _measure(benchmark, call, mib, "fastpool", idiom, arr.nbytes, fastpool_peer.start_method)
@@ -131,10 +138,10 @@ def test_one_way_shared(benchmark, fastpool_peer, mib, idiom):
 
 
 @pytest.mark.parametrize("mib", SIZES_MIB)
-@pytest.mark.parametrize("idiom", ["share", "empty", "fill"])
+@pytest.mark.parametrize("idiom", IDIOMS["round trip"])
 def test_round_trip_shared(benchmark, fastpool_peer, mib, idiom):
     benchmark.group = round_trip_group(mib)
-    _require(fastpool_peer.pool, "share", "empty")
+    _require(fastpool_peer.pool, "share", "empty", "arrays")
     arr = make_array(mib)
     call = array_call(fastpool_peer, "round trip", idiom, arr)
     out = _measure(

@@ -45,7 +45,7 @@ from fastpool import errors, telemetry
 from fastpool._integrations import _progress
 from fastpool._native import _ndarray
 from fastpool._native._core import check_ring_bytes
-from fastpool._runtime import _mapper, _template
+from fastpool._runtime import _arrays, _mapper, _template
 from fastpool._runtime._call import TaskFunction
 from fastpool._supervision import _policy, _sizing
 
@@ -734,6 +734,18 @@ class Pool(Executor):
         writeable.  Errors as for ``empty``.  Thread-safe."""
         self._arrays_open()
         return _ndarray.share(self._arena, arr, readonly)
+
+    def arrays(self) -> _arrays.ArraysContext:
+        """``with pool.arrays():`` NumPy arrays of 1 MiB or more made in this thread are
+        born in this pool's shared memory and cross to its tasks like ``pool.empty``'s,
+        with no copy; they stay valid after the block and the pool end (docs/arrays.md).
+
+        Never fails an allocation: what the arena cannot serve (full, shut down, a
+        forked child) falls back to NumPy's allocator, and is copied when sent.  Raises
+        PoolClosed after shutdown.  Covers the calling thread's context only.
+        Thread-safe."""
+        self._arrays_open()
+        return _arrays.ArraysContext(self._arena)
 
     def _arrays_open(self) -> None:
         if self._disp.closed:

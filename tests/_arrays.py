@@ -253,3 +253,9 @@ def fork_writes_stay_in_the_child(n: int) -> dict[str, Any]:
     return dict(
         in_arena=in_arena, child_ok=os.waitstatus_to_exitcode(status) == 0, seen=float(mine.sum())
     )
+
+
+def add_in_place(arr: np.ndarray, value: float) -> float:
+    """Adds value to every element of the argument itself; returns the new sum."""
+    arr += value
+    return float(arr.sum())

@@ -158,7 +158,8 @@ LEGEND = (
     "tasks, items or array GB (in, plus out for round trips) per second of median time; x mp.Pool: "
     "multiprocessing.Pool's median over the row's, above 1 is faster; +PSS: what one call added to "
     "the proportional set size of the parent and its workers (shared pages split among sharers). "
-    "[share], [empty], [fill]: fastpool's shared-memory idioms; in-process: the compute alone."
+    "[share], [empty], [arrays], [fill]: fastpool's shared-memory idioms; in-process: the "
+    "compute alone (in-process [shared pages]: on an array in shared memory)."
 )
 
 

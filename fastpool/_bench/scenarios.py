@@ -11,8 +11,10 @@ same thing in both reports.
     map         map over MAP_ITEMS small ints, each peer at each of CHUNKSIZES (best kept)
     arrays      float64 arrays of SIZES_MIB, one way (a float back) and round trip (an
                 array as large back), by value on every peer, fastpool's shared idioms
-                ([share], [empty] both ways, [fill]) as rows of their own, and the compute alone
-                in this process
+                ([share], [empty] and [arrays] both ways, [fill]) as rows of their own, and
+                the compute alone in this process, on NumPy's own array and on one in
+                shared memory ([shared pages]: 4 KiB pages where shmem gets no huge pages,
+                the floor of every shared idiom)
     start       a fresh interpreter that imported numpy: from the pool library's import to
                 its first result, and a plain multiprocessing spawn of a child importing
                 numpy, for scale;
@@ -54,7 +56,11 @@ QUICK_LATENCY_CALLS = 600
 
 IN_PROCESS = "in-process"
 SPAWN_REFERENCE = "mp spawn + import numpy"
-IDIOMS = {"one way": ("share", "empty"), "round trip": ("share", "empty", "fill")}
+IDIOMS = {
+    "one way": ("share", "empty", "arrays"),
+    "round trip": ("share", "empty", "arrays", "fill"),
+}
+SHARED_PAGES = "shared pages"  # the in-process reference on an array in a shared-memory arena
 
 
 # ---- group titles (shared with benchmarks/report.py's tables) ---------------------------
@@ -144,9 +150,21 @@ def array_call(peer: Peer, direction: str, idiom: str, arr: Any) -> Callable[[],
     ``idiom`` "" (by value, any peer) or one of fastpool's: "share" (``pool.share``
     inside the call), "empty" (input filled into ``pool.empty`` once, outside it; a
     round trip's new array comes back as it is when the worker made it in shared memory),
-    "fill" (the worker writes ``out = pool.empty(...)``, allocated inside it).
+    "fill" (the worker writes ``out = pool.empty(...)``, allocated inside it), "arrays"
+    (input made by NumPy within ``pool.arrays()`` once, outside it); for the in-process
+    peer, SHARED_PAGES (the compute on a copy in a shared-memory arena of its own).
     Set-up the call does not time happens here, before it is returned."""
     fn = tasks.total if direction == "one way" else tasks.double
+    if idiom == SHARED_PAGES:
+        from fastpool._native import _arena, _ndarray
+
+        held = _arena.Arena.create(1, 2 * arr.nbytes + (16 << 20))
+        src = _ndarray.share(held, arr)
+
+        def call() -> Any:
+            return peer.submit(fn, src).result()
+
+        return call
     if not idiom:
 
         def call() -> Any:
@@ -158,6 +176,16 @@ def array_call(peer: Peer, direction: str, idiom: str, arr: Any) -> Callable[[],
 
         def call() -> Any:
             return pool.submit(fn, pool.share(arr, readonly=True)).result()
+
+        return call
+    if idiom == "arrays":
+        import numpy as np
+
+        with pool.arrays():
+            born = np.array(arr)  # NumPy's own allocation, in the pool's shared memory
+
+        def call() -> Any:
+            return pool.submit(fn, born).result()
 
         return call
     src = pool.empty(arr.shape, arr.dtype)
@@ -317,6 +345,7 @@ def _arrays(peers: list[str], workers: int, sizes: tuple[int, ...], quick: bool)
             rows = [(p, "") for p in [*peers, IN_PROCESS] if p in ARRAY_PEERS or p == IN_PROCESS]
             if "fastpool" in peers:
                 rows += [("fastpool", idiom) for idiom in IDIOMS[direction]]
+                rows.append((IN_PROCESS, SHARED_PAGES))
             for p, idiom in rows:
                 cases.append(
                     Case(

@@ -71,6 +71,9 @@ cdef enum:
     MADV_POPULATE_WRITE = 23
 
 
+cdef int commit_pages(int fd, unsigned char *base, uint64_t off, uint64_t length) noexcept nogil
+
+
 cdef class Arena:
     cdef fp_arena_view_t _v      # private geometry, checked once; base NULL once unmapped
     cdef void *_ro               # a read-only mapping for readonly blocks, made on first use

@@ -9,6 +9,8 @@ into a view of the block in the receiver's own mapping:
     a worker's result NumPy made in its   -> descriptor, zero bytes copied, when only the
     region (fastpool/_native/_alloc.pyx)     result holds it (else copied: the worker may
                                              change what it kept)
+    an array NumPy made in the parent     -> descriptor, zero bytes copied, as pool.empty's
+    within ``with pool.arrays()``            (ArraysContext; the task sees the same bytes)
     plain array >= OOB_THRESHOLD_BYTES   -> one copy into a fresh block of the
                                             sender's region, then a descriptor
     object dtype, small, subclasses      -> pickled as before (inline in the ring)
@@ -137,11 +139,14 @@ def transfer(arr: A) -> A:
     (``arr[2:]``, ``memoryview(arr)``, ``np.frombuffer(arr)``) taken before the
     transfer are separate handles: they stay valid memory and keep the block from
     being reused while they live, and they see what the task writes.  Returns ``arr``.
-    Raises TypeError for an array that is not a view of a pool's shared memory, or a
-    0-d one.  Thread-safe for distinct arrays."""
+    An array made within ``pool.arrays()`` counts as shared memory (its root is turned
+    into a view of its block first).  Raises TypeError for an array that is not a
+    view of a pool's shared memory, or a 0-d one.  Thread-safe for distinct arrays."""
     nd = _np_ndarray()
     if nd is not None and type(arr) is __getattr__("DetachedArray"):
         raise errors.DetachedBufferError("this array was already transferred to a task")
+    if nd is not None and isinstance(arr, nd) and _block_of(arr) is None:
+        _rebase_root(arr, nd)
     if nd is None or not isinstance(arr, nd) or _block_of(arr) is None:
         raise TypeError(
             "fastpool.transfer() takes an array from pool.empty/zeros/share (or a view "
@@ -151,6 +156,17 @@ def transfer(arr: A) -> A:
         raise TypeError("fastpool.transfer() needs an array with at least one dimension")
     _transfer_marks[id(arr)] = weakref.ref(arr, lambda _r, k=id(arr): _transfer_marks.pop(k, None))
     return arr
+
+
+def _rebase_root(arr: Any, nd: Any) -> None:
+    # An array NumPy made in the arena (pool.arrays()) owns its bytes; detaching needs
+    # a Block under it, like pool.empty's arrays have.
+    _alloc = sys.modules.get("fastpool._native._alloc")
+    root = arr
+    while isinstance(root.base, nd):
+        root = root.base
+    if _alloc is not None and root.base is None:
+        _alloc.rebase(root)
 
 
 def _detached(*_a: Any, **_k: Any) -> Any:
@@ -246,15 +262,8 @@ class ArrayPickler(pickle.Pickler):
         blk = root.base if isinstance(root.base, _arena.Block) else None
         # (object arrays: NumPy zero-fills them through calloc, which the hook leaves to
         # malloc; the dtype check keeps this process's pointers from crossing regardless)
-        if (
-            blk is None
-            and self.owned is not None
-            and id(root) in self.owned
-            and not root.dtype.hasobject
-        ):
-            from fastpool._native import _alloc
-
-            blk = _alloc.adopt(root)  # made in this worker's region by NumPy: no copy
+        if blk is None and not root.dtype.hasobject:
+            blk = _adopt(root, arena, self.owned)
         transferring = id(obj) in _transfer_marks
         if blk is None or blk.owner is not arena:
             if transferring and blk is not None:
@@ -283,6 +292,20 @@ class ArrayPickler(pickle.Pickler):
             arena.token, blk.off, blk.gen, byte_off, obj.dtype, obj.shape, strides, readonly
         )
         return desc.wire()
+
+
+def _adopt(root: Any, arena: Any, owned: Any) -> Any:
+    # A Block on the arena block NumPy's hook made root in (no copy), or None.  The
+    # parent's (pool.arrays()) are sent like pool.empty's; a worker's only when the
+    # result alone holds them (owned), since the worker may change what it keeps.
+    _alloc = sys.modules.get("fastpool._native._alloc")  # never loaded: no hook arrays
+    if _alloc is None or not root.flags.owndata:
+        return None
+    if arena.proc == 0:
+        return _alloc.adopt(root, arena)
+    if owned is not None and id(root) in owned:
+        return _alloc.adopt(root)
+    return None
 
 
 def encode(
@@ -373,6 +396,51 @@ def decode_result(payload: bytes, arena: Any, src: int) -> Any:
     finally:
         for off in offs:
             arena.unref_for(src, off)
+
+
+# ---------------------------------------------------------------------------------
+# The parent's NumPy hook: pool.arrays().
+
+
+class ArraysContext:
+    """``with pool.arrays():`` NumPy arrays of at least 1 MiB made in this thread's
+    context are born in the pool's shared memory (fastpool/_native/_alloc.pyx).
+
+    Re-entrant and reusable; each ``with`` gives the context back the handler it found.
+    """
+
+    __slots__ = ("_arena", "_hook", "_saved")
+
+    def __init__(self, arena: Any) -> None:
+        self._arena = arena
+        self._hook: Any = None  # the arena's hook, kept while this context may enter it
+        self._saved: list[Any] = []
+
+    def __enter__(self) -> ArraysContext:
+        from fastpool._native import _alloc
+
+        try:
+            self._hook, previous = _alloc.enter(self._arena)
+        except ValueError:  # closed between the pool's check and here
+            raise errors.PoolClosed(
+                "this pool was shut down: its shared memory takes no new arrays"
+            ) from None
+        self._saved.append(previous)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        from fastpool._native import _alloc
+
+        _alloc.leave(self._saved.pop())
+
+    def stats(self) -> dict[str, int]:
+        """``live``: arrays of this pool made by the hook in this process and alive now;
+        ``served``: arrays it ever made; ``fallbacks``: large arrays it left to NumPy
+        (the arena full or closed, a thread without the GIL, a forked child)."""
+        if self._hook is None:
+            return {"live": 0, "served": 0, "fallbacks": 0}
+        s = self._hook.stats()
+        return {k: s[k] for k in ("live", "served", "fallbacks")}
 
 
 # ---------------------------------------------------------------------------------

@@ -83,6 +83,11 @@ def main() -> None:
         loose = pool.empty((4, 4), dtype="f4")
         assert_type(loose, NDArray[Any])
 
+        with pool.arrays() as born:
+            frames = rng.random((8, 256, 256))  # made in the pool's shared memory
+        assert born.stats()["served"] >= 1
+        assert_type(pool.submit(column_means, frames[0]).result(), NDArray[np.float64])
+
         squares = list(pool.map(square, range(100), chunksize=10, progress=on_progress))
         assert_type(squares, list[int])
         total = sum(pool.map(weighted, range(10), [0.5] * 10), 0.0)

@@ -182,3 +182,29 @@ def test_a_forked_child_uses_malloc_and_leaves_the_workers_blocks_alone(arenas):
     assert worker.count(1, off) == 1 and arr.sum() == MIB
     del arr
     assert worker.usage()["live_blocks"] == 0
+
+
+FRESH_QUERIES = """
+import numpy as np
+from fastpool._native import _alloc, _arena
+arena = _arena.Arena.create(1, 1 << 24)
+arr = np.ones(1 << 18)
+print(_alloc.adopt(arr, arena), _alloc.is_hook_array(arr, arena), _alloc.rebase(arr))
+arena.close()
+"""
+
+
+def test_queries_before_any_hook_answer_no_without_touching_numpys_c_api():
+    # _alloc imports NumPy's C API with its first hook; a process that loaded the
+    # module and never made one still sends plain arrays through adopt().
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_QUERIES],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "None False False"), done.stderr
