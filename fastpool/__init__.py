@@ -68,7 +68,7 @@ else:
         "pool": "fastpool.pool",
         "Pool": "fastpool.pool",
         "PoolOptions": "fastpool.pool",
-        "task": "fastpool.pool",
+        "task": "fastpool._runtime._call",
         "progress": "fastpool._integrations._progress",
         **dict.fromkeys(_errors._BROKEN_FAMILY, "fastpool.errors"),
     }
@@ -77,7 +77,7 @@ else:
         from fastpool import pool  # noqa: F401 (a lazy name, see _LAZY)
         from fastpool._integrations._progress import progress
         from fastpool._runtime._arrays import transfer
-        from fastpool._runtime._call import TaskFunction, cancelled
+        from fastpool._runtime._call import TaskFunction, cancelled, task
         from fastpool._runtime._template import shutdown_template
         from fastpool.errors import (
             BrokenPool,
@@ -87,7 +87,7 @@ else:
             WorkerHung,
             WorkerMemoryError,
         )
-        from fastpool.pool import Pool, PoolOptions, task
+        from fastpool.pool import Pool, PoolOptions
 
     def __getattr__(name: str) -> object:
         try:

@@ -46,7 +46,7 @@ from fastpool._integrations import _progress
 from fastpool._native import _ndarray
 from fastpool._native._core import check_ring_bytes
 from fastpool._runtime import _arrays, _mapper, _template
-from fastpool._runtime._call import TaskFunction
+from fastpool._runtime._call import TaskFunction, task  # noqa: F401 (fastpool.pool.task)
 from fastpool._supervision import _policy, _sizing
 
 if TYPE_CHECKING:
@@ -752,31 +752,6 @@ class Pool(Executor):
             raise errors.PoolClosed(
                 "this pool was shut down: its shared memory takes no new arrays"
             )
-
-
-@overload
-def task(fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
-@overload
-def task(
-    *, pure: bool = ..., timeout: float | None = ..., fallback: Literal["inline"] | None = ...
-) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
-
-
-def task(
-    fn: Callable[P, R] | None = None,
-    *,
-    pure: bool = False,
-    timeout: float | None = None,
-    fallback: Literal["inline"] | None = None,
-) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
-    """Decorator: ``@fastpool.task(pure=True, timeout=5, fallback="inline")``.
-
-    Attaches supervision options to a function; every pool that runs it applies
-    them (see ``Pool.options`` for their meaning).  Raises ValueError for bad options."""
-    opts = _policy.TaskOptions(pure=pure, timeout=timeout, fallback=fallback)
-    if fn is None:
-        return lambda f: TaskFunction(f, opts)
-    return TaskFunction(fn, opts)
 
 
 class PoolOptions:

@@ -9,7 +9,7 @@ imports the other's machinery.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Generic, ParamSpec, TypeVar
+from typing import Any, Callable, Generic, Literal, ParamSpec, TypeVar, overload
 
 from fastpool._runtime import _codec
 from fastpool._runtime._lazy import asyncio  # only a task returning a coroutine needs it
@@ -145,3 +145,28 @@ class TaskFunction(Generic[P, R]):
 
     def __reduce__(self) -> Any:
         return (TaskFunction, (self.fn, self.options))
+
+
+@overload
+def task(fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
+@overload
+def task(
+    *, pure: bool = ..., timeout: float | None = ..., fallback: Literal["inline"] | None = ...
+) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
+
+
+def task(
+    fn: Callable[P, R] | None = None,
+    *,
+    pure: bool = False,
+    timeout: float | None = None,
+    fallback: Literal["inline"] | None = None,
+) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
+    """Decorator: ``@fastpool.task(pure=True, timeout=5, fallback="inline")``.
+
+    Attaches supervision options to a function; every pool that runs it applies
+    them (see ``Pool.options`` for their meaning).  Raises ValueError for bad options."""
+    opts = _policy.TaskOptions(pure=pure, timeout=timeout, fallback=fallback)
+    if fn is None:
+        return lambda f: TaskFunction(f, opts)
+    return TaskFunction(fn, opts)
