@@ -201,6 +201,8 @@ def encode_args(
     A chunk of plain ints or floats travels as one buffer (``_numbers``).  With
     ``arena``, arrays travel as descriptors (see ``encode``).  Raises
     SerializationError naming the argument that cannot be pickled."""
+    if type(obj) is _numbers.Numbers:  # a map chunk the engine packed: no arrays in it
+        return dumps(obj)
     if type(obj) is list and (packed := _numbers.pack(obj)) is not None:
         return dumps(packed)
     try:

@@ -39,8 +39,12 @@ from fastpool._runtime._call import ChunkFailure, TaskFunction
 MAX_CHUNKSIZE = 8192
 CHUNKS_PER_WORKER = 8  # a sized input: each worker gets about this many chunks
 PROGRESS_CHUNKS_PER_WORKER = 100  # with a progress bar: it moves in steps of <= 1%
-WINDOW_ITEMS = 32768  # a map keeps about this many small items in flight...
-MAX_WINDOW_PER_WORKER = 64  # ...in at most this many chunks per worker
+# A map keeps about this many small items in flight: enough that a worker never waits
+# for the consumer to take the head chunk while the other worker (or the parent, on a
+# machine with as many cores as workers) holds the CPU; measured on 2 workers and
+# 2 cores, 200,000 ints ran 10-15% faster than with a quarter of it in flight.
+WINDOW_ITEMS = 131072
+MAX_WINDOW_PER_WORKER = 64  # and in at most this many chunks per worker
 
 
 class Sizing(NamedTuple):
@@ -94,7 +98,8 @@ def check_options(chunksize: Any, buffersize: Any) -> None:
 
 def window(workers: int, chunksize: int) -> int:
     """Chunks in flight: two per worker and two spare, and for small chunks enough
-    to keep WINDOW_ITEMS items under way (capped), or each chunk costs a round trip."""
+    to keep WINDOW_ITEMS items under way (capped): with fewer, each chunk costs a
+    round trip, and a worker whose queue ran dry waits on the consumer."""
     return max(2 * workers + 2, min(MAX_WINDOW_PER_WORKER * workers, WINDOW_ITEMS // chunksize))
 
 

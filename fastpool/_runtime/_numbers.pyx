@@ -32,7 +32,39 @@ cdef extern from "Python.h":
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object o)
     bint PyFloat_CheckExact(object o)
-    double PyFloat_AS_DOUBLE(object o)
+    long long _as_long_long "PyLong_AsLongLongAndOverflow" (PyObject *o, int *overflow) noexcept
+    bint _is_int "PyLong_CheckExact" (PyObject *o) noexcept
+    bint _is_float "PyFloat_CheckExact" (PyObject *o) noexcept
+    PyObject **PySequence_Fast_ITEMS(object o)
+    double _as_double "PyFloat_AS_DOUBLE" (PyObject *o) noexcept
+
+cdef int _pack_into(PyObject **items, Py_ssize_t n, bint floats, char *p) noexcept:
+    """Writes n exact floats (floats) or exact ints within int64 as 8-byte words to p;
+    -1 at the first item that is not one.  The items are borrowed (the GIL is held
+    and nothing here runs Python code): no reference count moves per item."""
+    cdef Py_ssize_t i
+    cdef PyObject *x
+    cdef long long iv
+    cdef int overflow
+    cdef double dv
+    if floats:
+        for i in range(n):
+            x = items[i]
+            if not _is_float(x):
+                return -1
+            dv = _as_double(x)
+            memcpy(p + 8 * i, &dv, 8)
+        return 0
+    for i in range(n):
+        x = items[i]
+        if not _is_int(x):
+            return -1
+        iv = _as_long_long(x, &overflow)  # an exact int: no error is possible
+        if overflow:
+            return -1
+        memcpy(p + 8 * i, &iv, 8)
+    return 0
+
 
 # Below this many items one pickle opcode per item costs less than the global lookup.
 MIN_ITEMS = 16
@@ -58,15 +90,12 @@ cdef class Numbers:
 def pack(list items, Py_ssize_t start=0, Py_ssize_t stop=-1):
     """``items[start:stop]`` (stop -1: to the end) as a Numbers, or None when it is not
     all exact ints (in int64) or all exact floats, or is shorter than MIN_ITEMS."""
-    cdef Py_ssize_t size = len(items), i, n
+    cdef Py_ssize_t size = len(items), n
     if stop < 0 or stop > size:
         stop = size
     if start < 0:
         start = 0
     n = stop - start
-    cdef int64_t iv
-    cdef double dv
-    cdef char *p
     if n < MIN_ITEMS:
         return None
     first = items[start]
@@ -74,24 +103,9 @@ def pack(list items, Py_ssize_t start=0, Py_ssize_t stop=-1):
     if not floats and not PyLong_CheckExact(first):
         return None
     words = PyBytes_FromStringAndSize(NULL, n * 8)  # a new bytes object may be written
-    p = PyBytes_AS_STRING(words)
-    if floats:
-        for i in range(n):
-            x = items[start + i]
-            if not PyFloat_CheckExact(x):
-                return None
-            dv = PyFloat_AS_DOUBLE(x)
-            memcpy(p + 8 * i, &dv, 8)
-    else:
-        for i in range(n):
-            x = items[start + i]
-            if not PyLong_CheckExact(x):
-                return None
-            try:
-                iv = x  # Cython's conversion reads a small int's digit directly
-            except OverflowError:
-                return None
-            memcpy(p + 8 * i, &iv, 8)
+    if _pack_into(<PyObject **>PySequence_Fast_ITEMS(items) + start, n, floats,
+                  PyBytes_AS_STRING(words)) < 0:
+        return None
     cdef Numbers out = Numbers.__new__(Numbers)
     out.words = words
     out.floats = floats

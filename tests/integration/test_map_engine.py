@@ -126,3 +126,20 @@ def test_buffersize_bounds_the_chunks_submitted_ahead_of_the_consumer(
         assert got == [2 * i for i in range(200)]
     else:
         assert len(set(got)) == 200
+
+
+def test_a_map_of_small_items_submits_enough_of_them_ahead(pool: fastpool.Pool) -> None:
+    # With a few chunks in flight, a worker whose chunks are done waits for the consumer
+    # to take the head chunk from the other worker; on 2 cores shared by 2 workers and
+    # the parent that idles a core (docs/benchmarks.md: map over 200,000 small items).
+    pulled = [0]
+
+    def items() -> Iterator[int]:
+        for i in range(400_000):
+            pulled[0] += 1
+            yield i
+
+    mapping = pool.map(_tasks.double, items(), chunksize=5000)
+    assert pulled[0] >= 100_000  # submitted at call time, before anything is consumed
+    assert next(mapping) == 0
+    mapping.close()  # type: ignore[attr-defined]
