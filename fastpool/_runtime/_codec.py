@@ -198,7 +198,7 @@ def encode_args(
 ) -> bytes:
     """Pickles a call's arguments (obj: args, (args, kwargs) or a map chunk's items).
 
-    A chunk of plain ints or floats travels as one buffer (``_numbers``).  With
+    A chunk of numbers travels as one buffer (``_numbers``).  With
     ``arena``, arrays travel as descriptors (see ``encode``).  Raises
     SerializationError naming the argument that cannot be pickled."""
     if type(obj) is _numbers.Numbers:  # a map chunk the engine packed: no arrays in it
@@ -233,7 +233,7 @@ def encode_args(
 
 def encode_result(result: Any, owned: Any = None) -> tuple[bytes, Any]:
     """A worker's result (see ``_arrays.encode_result``); a chunk's result list of
-    plain ints or floats travels as one buffer (``_numbers``), with no handoffs."""
+    numbers travels as one buffer (``_numbers``), with no handoffs."""
     if type(result) is list and (packed := _numbers.pack(result)) is not None:
         return dumps(packed), None
     return _arrays.encode_result(result, owned)

@@ -104,11 +104,12 @@ def window(workers: int, chunksize: int) -> int:
 
 
 class Chunks:
-    """The input of a map, cut into chunks.  A list of plain ints or floats is
-    packed into one buffer per chunk (``_numbers``) without slicing it; a list,
-    tuple, range or ndarray is sliced (an ndarray chunk travels as one array,
-    not a list of scalars); anything else is read with islice.  ``size`` adapts
-    to measured run time when the input has no length and no chunksize was given."""
+    """The input of a map, cut into chunks.  A list of numbers (ints, floats,
+    bools, NumPy scalars) is packed into one buffer per chunk (``_numbers``)
+    without slicing it; a list, tuple, range or ndarray is sliced (an ndarray
+    chunk travels as one array, not a list of scalars); anything else is read
+    with islice.  ``size`` adapts to measured run time when the input has no
+    length and no chunksize was given."""
 
     def __init__(
         self, iterables: tuple, chunksize: int | None, sizing: Sizing, bar: bool = False
@@ -301,8 +302,8 @@ def _first_done(run: MapRun, done: deque) -> Future:
 
 def hand_out(results: list) -> Iterator[Any]:
     """The items of a chunk's result list, each removed from the list as it is
-    handed out; a tuple (plain numbers from ``_numbers``, whose lifetime nobody
-    can observe) is iterated as it is."""
+    handed out; a tuple (numbers from ``_numbers``, whose lifetime nobody can
+    observe: none of them can be weakly referenced) is iterated as it is."""
     # Each item leaves the list as it is handed out, so a result lives only as
     # long as the consumer keeps it (CPython's test_free_reference); popping from
     # the end of the reversed list keeps the iteration in C.
