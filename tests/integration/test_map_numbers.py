@@ -199,3 +199,10 @@ def test_packed_results_are_handed_out_as_they_are() -> None:
     results = pickle.loads(_codec.encode_result(list(range(N)))[0])
     assert type(results) is tuple  # a tuple is handed out without popping each item
     _same(list(_mapper.hand_out(results)), list(range(N)))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int64", "uint16", "bool", "complex64"])
+def test_a_map_over_an_ndarray_gives_back_its_own_scalars(pool: fastpool.Pool, dtype: str) -> None:
+    arr = (np.arange(N) % 7).astype(dtype)
+    _same(list(pool.map(_tasks.identity, arr, chunksize=100)), list(arr))
+    assert set(pool.map(_tasks.type_name, arr, chunksize=100)) == {arr.dtype.type.__name__}
