@@ -60,8 +60,8 @@ cdef enum:
     T_FLOAT = 1
     T_BOOL = 2
 
-# NumPy scalar type -> its dtype's one-letter code, for the types that survive a trip
-# through an array of that code (np.dtype(code).type is the type); built on first use.
+# NumPy scalar type -> the one-letter code of a dtype whose arrays hand out scalars of
+# exactly that type (bool, ints, uints, floats, complex); built on first use.
 cdef dict _NUMPY_CODES = None
 
 
@@ -163,20 +163,23 @@ cdef object _numpy_code(object t):
     if _NUMPY_CODES is None:
         codes = {}
         for code in "?bBhHiIlLqQefdgFDG":
-            scalar = np.dtype(code).type
-            if np.dtype(code).type is scalar and scalar not in codes:
-                codes[scalar] = code
+            # an array of dtype code hands out scalars of exactly this type
+            codes.setdefault(np.dtype(code).type, code)
         _NUMPY_CODES = codes
     return _NUMPY_CODES.get(t)
 
 
 cdef object _pack_numpy(list items, Py_ssize_t start, Py_ssize_t n):
-    cdef PyObject **xs = <PyObject **>PySequence_Fast_ITEMS(items) + start
-    cdef void *t = _type(xs[0])
-    cdef Py_ssize_t i
-    code = _numpy_code(<object><PyObject *>t)
+    ft = type(items[start])
+    code = _numpy_code(ft)
     if code is None:
         return None
+    # _numpy_code ran Python code: another thread may have changed the list meanwhile
+    if len(items) < start + n:
+        return None
+    cdef PyObject **xs = <PyObject **>PySequence_Fast_ITEMS(items) + start
+    cdef void *t = <void *>ft
+    cdef Py_ssize_t i
     for i in range(n):
         if _type(xs[i]) != t:  # one type, so the array's dtype is each item's own
             return None
@@ -195,6 +198,8 @@ def pack(list items, Py_ssize_t start=0, Py_ssize_t stop=-1):
     n = stop - start
     if n < MIN_ITEMS:
         return None
+    # xs is the list's own item array: valid while no Python code runs (none does
+    # below: the checks and conversions are of exact ints, floats and bools)
     cdef PyObject **xs = <PyObject **>PySequence_Fast_ITEMS(items) + start
     cdef bint floats = _is_float(xs[0])
     if not floats and not _is_int(xs[0]):
