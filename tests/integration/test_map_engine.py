@@ -18,6 +18,7 @@ import pytest
 from _waiting import wait_for
 
 import fastpool
+from fastpool._runtime import _mapper
 
 
 def _busy(pool: fastpool.Pool) -> int:
@@ -128,18 +129,23 @@ def test_buffersize_bounds_the_chunks_submitted_ahead_of_the_consumer(
         assert len(set(got)) == 200
 
 
-def test_a_map_of_small_items_submits_enough_of_them_ahead(pool: fastpool.Pool) -> None:
+def test_a_map_of_numbers_submits_enough_of_them_ahead(pool: fastpool.Pool) -> None:
     # With a few chunks in flight, a worker whose chunks are done waits for the consumer
     # to take the head chunk from the other worker; on 2 cores shared by 2 workers and
     # the parent that idles a core (docs/benchmarks.md: map over 200,000 small items).
-    pulled = [0]
-
-    def items() -> Iterator[int]:
-        for i in range(400_000):
-            pulled[0] += 1
-            yield i
-
-    mapping = pool.map(_tasks.double, items(), chunksize=5000)
-    assert pulled[0] >= 100_000  # submitted at call time, before anything is consumed
+    # Packed numbers are 8 bytes each: 100,000 in flight hold under 1 MiB.
+    mapping = pool.map(_tasks.double, list(range(400_000)), chunksize=5000)
+    assert pool.stats()["chunks_submitted"] * 5000 >= 100_000  # at call time
     assert next(mapping) == 0
+    mapping.close()  # type: ignore[attr-defined]
+
+
+def test_a_map_of_other_items_keeps_its_window_in_items(pool: fastpool.Pool) -> None:
+    # Items of unknown size (here strings, pickled one by one) keep the smaller window:
+    # what a map holds in flight stays bounded whatever each item weighs.
+    items = ["x" * 100] * 400_000
+    mapping = pool.map(len, items, chunksize=5000)
+    assert pool.stats()["chunks_submitted"] == _mapper.window(pool.workers, 5000)
+    assert _mapper.window(pool.workers, 5000) * 5000 <= _mapper.WINDOW_ITEMS
+    assert next(mapping) == 100
     mapping.close()  # type: ignore[attr-defined]
