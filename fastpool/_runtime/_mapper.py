@@ -40,8 +40,8 @@ MAX_CHUNKSIZE = 8192
 CHUNKS_PER_WORKER = 8  # a sized input: each worker gets about this many chunks
 PROGRESS_CHUNKS_PER_WORKER = 100  # with a progress bar: it moves in steps of <= 1%
 WINDOW_ITEMS = 32768  # a map keeps about this many small items in flight...
-# ...or this many when they travel compact (packed numbers, ndarray slices: a few bytes
-# each, 1 MiB of int64): enough that a worker never waits for the consumer to take the
+# ...or this many when they travel compact (packed numbers, slices of a 1-D ndarray: a
+# few bytes each, 1 MiB of int64): enough that a worker never waits for the consumer to take the
 # head chunk while the other worker (or the parent, with as many cores as workers)
 # holds the CPU.  Measured on 2 workers and 2 cores, a map of 200,000 ints ran 10-15%
 # faster than with WINDOW_ITEMS in flight.
@@ -134,8 +134,9 @@ class Chunks:
         self.seq = seq if type(seq) in (list, tuple, range) or _arrays.is_ndarray(seq) else None
         self.numbers = type(seq) is list  # until a chunk of it does not pack
         self.first = _numbers.pack(seq, 0, chunksize) if self.numbers else None
-        # what travels is a few bytes per item: packed numbers, or slices of an ndarray
-        self.compact = self.first is not None or _arrays.is_ndarray(seq)
+        # what travels is a few bytes per item: packed numbers, or slices of a 1-D ndarray
+        # (a row of a 2-D one may weigh anything)
+        self.compact = self.first is not None or (_arrays.is_ndarray(seq) and seq.ndim == 1)
         self.it = (
             None
             if self.seq is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import _tasks
+import numpy as np
 import pytest
 from _waiting import wait_for
 
@@ -148,4 +149,17 @@ def test_a_map_of_other_items_keeps_its_window_in_items(pool: fastpool.Pool) -> 
     assert pool.stats()["chunks_submitted"] == _mapper.window(pool.workers, 5000)
     assert _mapper.window(pool.workers, 5000) * 5000 <= _mapper.WINDOW_ITEMS
     assert next(mapping) == 100
+    mapping.close()  # type: ignore[attr-defined]
+
+
+def test_a_map_over_the_rows_of_an_array_keeps_its_window_in_items(pool: fastpool.Pool) -> None:
+    # a row may weigh anything (each chunk of rows can be copied into the arena)
+    rows = np.zeros((100_000, 4))
+    mapping = pool.map(_tasks.identity, rows, chunksize=5000)
+    assert pool.stats()["chunks_submitted"] == _mapper.window(pool.workers, 5000)
+    assert next(mapping).shape == (4,)
+    mapping.close()  # type: ignore[attr-defined]
+    column = np.zeros(100_000)  # a 1-D array's items are numbers: the compact window
+    mapping = pool.map(_tasks.identity, column, chunksize=5000)
+    assert pool.stats()["chunks_submitted"] - _mapper.window(pool.workers, 5000) >= 16
     mapping.close()  # type: ignore[attr-defined]
