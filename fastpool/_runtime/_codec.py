@@ -232,10 +232,11 @@ def encode_args(
 
 
 def encode_result(result: Any, owned: Any = None) -> tuple[bytes, Any]:
-    """A worker's result (see ``_arrays.encode_result``); a chunk's result list of
-    numbers travels as one buffer (``_numbers``), with no handoffs."""
-    if type(result) is list and (packed := _numbers.pack(result)) is not None:
-        return dumps(packed), None
+    """A worker's result (see ``_arrays.encode_result``); a chunk's results that
+    ``run_chunk`` packed travel as one buffer (``_numbers``), with no handoffs.  A
+    list is pickled as a list: the caller of a task that returned one gets a list."""
+    if type(result) is _numbers.Numbers:
+        return dumps(result), None
     return _arrays.encode_result(result, owned)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import fastpool
-from fastpool._runtime import _codec, _mapper, _numbers
+from fastpool._runtime import _call, _codec, _mapper, _numbers
 
 N = 300  # several chunks of more than _numbers.MIN_ITEMS items at chunksize=100
 
@@ -152,7 +152,7 @@ def test_a_chunk_and_its_results_travel_as_one_buffer() -> None:
     call = _codec.encode_args(ints, (ints,), {})
     assert b"unpack_ints" in call and len(call) < 8 * len(ints) + 200
     _same(pickle.loads(call), ints)
-    result, handed = _codec.encode_result(floats)
+    result, handed = _codec.encode_result(_call.run_chunk(_tasks.identity, floats, False))
     assert handed is None and b"unpack_floats" in result and len(result) < 8 * len(floats) + 200
     _same(pickle.loads(result), floats)
     mixed = CASES["ints_floats_bools"]
@@ -160,7 +160,7 @@ def test_a_chunk_and_its_results_travel_as_one_buffer() -> None:
     assert b"unpack_mixed" in call and len(call) < 9 * len(mixed) + 200
     _same(pickle.loads(call), mixed)
     scalars = CASES["numpy_float64"]  # a NumPy scalar pickles as ~100 bytes on its own
-    result, handed = _codec.encode_result(scalars)
+    result, handed = _codec.encode_result(_call.run_chunk(_tasks.identity, scalars, False))
     assert handed is None and b"unpack_numpy" in result and len(result) < 8 * len(scalars) + 200
     _same(pickle.loads(result), scalars)
     # a list that cannot be packed is pickled as it is
@@ -196,7 +196,9 @@ def test_a_list_input_is_packed_per_chunk_without_slicing_and_falls_back_per_chu
 
 
 def test_packed_results_are_handed_out_as_they_are() -> None:
-    results = pickle.loads(_codec.encode_result(list(range(N)))[0])
+    results = pickle.loads(
+        _codec.encode_result(_call.run_chunk(_tasks.identity, range(N), False))[0]
+    )
     assert type(results) is tuple  # a tuple is handed out without popping each item
     _same(list(_mapper.hand_out(results)), list(range(N)))
 
@@ -206,3 +208,14 @@ def test_a_map_over_an_ndarray_gives_back_its_own_scalars(pool: fastpool.Pool, d
     arr = (np.arange(N) % 7).astype(dtype)
     _same(list(pool.map(_tasks.identity, arr, chunksize=100)), list(arr))
     assert set(pool.map(_tasks.type_name, arr, chunksize=100)) == {arr.dtype.type.__name__}
+
+
+@pytest.mark.parametrize("name", ["ints", "floats", "ints_floats_bools", "numpy_float64"])
+def test_a_task_that_returns_a_list_of_numbers_gets_a_list(pool: fastpool.Pool, name: str) -> None:
+    # only a map chunk's results are packed (and handed out from a tuple)
+    items = CASES[name]
+    got = pool.submit(_tasks.identity, items).result()
+    assert type(got) is list
+    _same(got, items)
+    result, handed = _codec.encode_result(items)
+    assert b"unpack" not in result and type(pickle.loads(result)) is list
