@@ -9,9 +9,9 @@ imports the other's machinery.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Callable, Generic, Literal, ParamSpec, Sequence, TypeVar, overload
 
-from fastpool._runtime import _codec
+from fastpool._runtime import _codec, _numbers
 from fastpool._runtime._lazy import asyncio  # only a task returning a coroutine needs it
 from fastpool._supervision import _policy
 
@@ -76,9 +76,16 @@ class ChunkFailure:
         return self.results, self._error
 
 
-def run_chunk(fn: Callable[..., Any], items: list, star: bool) -> list | ChunkFailure:
+def run_chunk(
+    fn: Callable[..., Any], items: Sequence[Any], star: bool
+) -> list | _numbers.Numbers | ChunkFailure:
     """[fn(x) for x in items] (or fn(*x)), iterated in C.  An exception stops the
-    chunk: the results so far and the exception come back as a ChunkFailure."""
+    chunk: the results so far and the exception come back as a ChunkFailure.
+
+    Results that are all numbers come back packed (``_numbers``): one buffer to
+    send, a tuple where it is unpickled (the map engine hands a tuple out as it
+    is).  Only a chunk's results are packed: a task that returns a list of
+    numbers gets its list back."""
     out: list = []
     try:
         # list.extend keeps what the iterator produced before it raised
@@ -92,7 +99,8 @@ def run_chunk(fn: Callable[..., Any], items: list, star: bool) -> list | ChunkFa
             out = [asyncio.run(c) if inspect.iscoroutine(c) else c for c in out]
     except Exception as exc:  # noqa: BLE001 - reported on the map's channel
         return ChunkFailure(out, _codec.encode_exception(exc))
-    return out
+    packed = _numbers.pack(out)
+    return out if packed is None else packed
 
 
 def _same_arity(items: list) -> bool:

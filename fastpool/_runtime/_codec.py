@@ -198,9 +198,11 @@ def encode_args(
 ) -> bytes:
     """Pickles a call's arguments (obj: args, (args, kwargs) or a map chunk's items).
 
-    A chunk of plain ints or floats travels as one buffer (``_numbers``).  With
+    A chunk of numbers travels as one buffer (``_numbers``).  With
     ``arena``, arrays travel as descriptors (see ``encode``).  Raises
     SerializationError naming the argument that cannot be pickled."""
+    if type(obj) is _numbers.Numbers:  # a map chunk the engine packed: no arrays in it
+        return dumps(obj)
     if type(obj) is list and (packed := _numbers.pack(obj)) is not None:
         return dumps(packed)
     try:
@@ -230,10 +232,11 @@ def encode_args(
 
 
 def encode_result(result: Any, owned: Any = None) -> tuple[bytes, Any]:
-    """A worker's result (see ``_arrays.encode_result``); a chunk's result list of
-    plain ints or floats travels as one buffer (``_numbers``), with no handoffs."""
-    if type(result) is list and (packed := _numbers.pack(result)) is not None:
-        return dumps(packed), None
+    """A worker's result (see ``_arrays.encode_result``); a chunk's results that
+    ``run_chunk`` packed travel as one buffer (``_numbers``), with no handoffs.  A
+    list is pickled as a list: the caller of a task that returned one gets a list."""
+    if type(result) is _numbers.Numbers:
+        return dumps(result), None
     return _arrays.encode_result(result, owned)
 
 

@@ -40,6 +40,12 @@ MAX_CHUNKSIZE = 8192
 CHUNKS_PER_WORKER = 8  # a sized input: each worker gets about this many chunks
 PROGRESS_CHUNKS_PER_WORKER = 100  # with a progress bar: it moves in steps of <= 1%
 WINDOW_ITEMS = 32768  # a map keeps about this many small items in flight...
+# ...or this many when they travel compact (packed numbers, slices of a 1-D ndarray: a
+# few bytes each, 1 MiB of int64): enough that a worker never waits for the consumer to take the
+# head chunk while the other worker (or the parent, with as many cores as workers)
+# holds the CPU.  Measured on 2 workers and 2 cores, a map of 200,000 ints ran 10-15%
+# faster than with WINDOW_ITEMS in flight.
+COMPACT_WINDOW_ITEMS = 131072
 MAX_WINDOW_PER_WORKER = 64  # ...in at most this many chunks per worker
 
 
@@ -92,18 +98,22 @@ def check_options(chunksize: Any, buffersize: Any) -> None:
         raise ValueError(f"buffersize must be None or > 0, not {buffersize!r}")
 
 
-def window(workers: int, chunksize: int) -> int:
+def window(workers: int, chunksize: int, compact: bool = False) -> int:
     """Chunks in flight: two per worker and two spare, and for small chunks enough
-    to keep WINDOW_ITEMS items under way (capped), or each chunk costs a round trip."""
-    return max(2 * workers + 2, min(MAX_WINDOW_PER_WORKER * workers, WINDOW_ITEMS // chunksize))
+    to keep WINDOW_ITEMS items (COMPACT_WINDOW_ITEMS for ``compact`` ones) under way,
+    capped: with fewer, each chunk costs a round trip, and a worker whose queue ran
+    dry waits on the consumer."""
+    items = COMPACT_WINDOW_ITEMS if compact else WINDOW_ITEMS
+    return max(2 * workers + 2, min(MAX_WINDOW_PER_WORKER * workers, items // chunksize))
 
 
 class Chunks:
-    """The input of a map, cut into chunks.  A list of plain ints or floats is
-    packed into one buffer per chunk (``_numbers``) without slicing it; a list,
-    tuple, range or ndarray is sliced (an ndarray chunk travels as one array,
-    not a list of scalars); anything else is read with islice.  ``size`` adapts
-    to measured run time when the input has no length and no chunksize was given."""
+    """The input of a map, cut into chunks.  A list of numbers (ints, floats,
+    bools, NumPy scalars) is packed into one buffer per chunk (``_numbers``)
+    without slicing it; a list, tuple, range or ndarray is sliced (an ndarray
+    chunk travels as one array, not a list of scalars); anything else is read
+    with islice.  ``size`` adapts to measured run time when the input has no
+    length and no chunksize was given."""
 
     def __init__(
         self, iterables: tuple, chunksize: int | None, sizing: Sizing, bar: bool = False
@@ -122,7 +132,11 @@ class Chunks:
         self.pos = 0
         seq = iterables[0] if len(iterables) == 1 else None
         self.seq = seq if type(seq) in (list, tuple, range) or _arrays.is_ndarray(seq) else None
-        self.numbers = type(seq) is list  # until a chunk of it is not all ints or all floats
+        self.numbers = type(seq) is list  # until a chunk of it does not pack
+        self.first = _numbers.pack(seq, 0, chunksize) if self.numbers else None
+        # what travels is a few bytes per item: packed numbers, or slices of a 1-D ndarray
+        # (a row of a 2-D one may weigh anything)
+        self.compact = self.first is not None or (_arrays.is_ndarray(seq) and seq.ndim == 1)
         self.it = (
             None
             if self.seq is not None
@@ -135,7 +149,9 @@ class Chunks:
             start = self.pos
             self.pos += self.size
             if self.numbers:
-                packed = _numbers.pack(self.seq, start, self.pos)
+                packed, self.first = self.first, None  # the first chunk was packed already
+                if packed is None:
+                    packed = _numbers.pack(self.seq, start, self.pos)
                 if packed is not None:
                     return packed
                 # a chunk of MIN_ITEMS or more that did not pack: stop trying
@@ -194,7 +210,7 @@ class MapRun:
         self.fn = fn.fn if type(fn) is TaskFunction else fn
         self.star = len(iterables) > 1
         self.chunks = Chunks(iterables, chunksize, sizing, bar)
-        self.window = buffersize or window(sizing.workers, self.chunks.size)
+        self.window = buffersize or window(sizing.workers, self.chunks.size, self.chunks.compact)
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.pending: deque[Future] = deque()  # submitted, not taken (submission order)
         self.exhausted = False
@@ -296,8 +312,8 @@ def _first_done(run: MapRun, done: deque) -> Future:
 
 def hand_out(results: list) -> Iterator[Any]:
     """The items of a chunk's result list, each removed from the list as it is
-    handed out; a tuple (plain numbers from ``_numbers``, whose lifetime nobody
-    can observe) is iterated as it is."""
+    handed out; a tuple (numbers from ``_numbers``, whose lifetime nobody can
+    observe: none of them can be weakly referenced) is iterated as it is."""
     # Each item leaves the list as it is handed out, so a result lives only as
     # long as the consumer keeps it (CPython's test_free_reference); popping from
     # the end of the reversed list keeps the iteration in C.

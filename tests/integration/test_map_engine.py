@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import _tasks
+import numpy as np
 import pytest
 from _waiting import wait_for
 
 import fastpool
+from fastpool._runtime import _mapper
 
 
 def _busy(pool: fastpool.Pool) -> int:
@@ -126,3 +128,38 @@ def test_buffersize_bounds_the_chunks_submitted_ahead_of_the_consumer(
         assert got == [2 * i for i in range(200)]
     else:
         assert len(set(got)) == 200
+
+
+def test_a_map_of_numbers_submits_enough_of_them_ahead(pool: fastpool.Pool) -> None:
+    # With a few chunks in flight, a worker whose chunks are done waits for the consumer
+    # to take the head chunk from the other worker; on 2 cores shared by 2 workers and
+    # the parent that idles a core (docs/benchmarks.md: map over 200,000 small items).
+    # Packed numbers are 8 bytes each: 100,000 in flight hold under 1 MiB.
+    mapping = pool.map(_tasks.double, list(range(400_000)), chunksize=5000)
+    assert pool.stats()["chunks_submitted"] * 5000 >= 100_000  # at call time
+    assert next(mapping) == 0
+    mapping.close()  # type: ignore[attr-defined]
+
+
+def test_a_map_of_other_items_keeps_its_window_in_items(pool: fastpool.Pool) -> None:
+    # Items of unknown size (here strings, pickled one by one) keep the smaller window:
+    # what a map holds in flight stays bounded whatever each item weighs.
+    items = ["x" * 100] * 400_000
+    mapping = pool.map(len, items, chunksize=5000)
+    assert pool.stats()["chunks_submitted"] == _mapper.window(pool.workers, 5000)
+    assert _mapper.window(pool.workers, 5000) * 5000 <= _mapper.WINDOW_ITEMS
+    assert next(mapping) == 100
+    mapping.close()  # type: ignore[attr-defined]
+
+
+def test_a_map_over_the_rows_of_an_array_keeps_its_window_in_items(pool: fastpool.Pool) -> None:
+    # a row may weigh anything (each chunk of rows can be copied into the arena)
+    rows = np.zeros((100_000, 4))
+    mapping = pool.map(_tasks.identity, rows, chunksize=5000)
+    assert pool.stats()["chunks_submitted"] == _mapper.window(pool.workers, 5000)
+    assert next(mapping).shape == (4,)
+    mapping.close()  # type: ignore[attr-defined]
+    column = np.zeros(100_000)  # a 1-D array's items are numbers: the compact window
+    mapping = pool.map(_tasks.identity, column, chunksize=5000)
+    assert pool.stats()["chunks_submitted"] - _mapper.window(pool.workers, 5000) >= 16
+    mapping.close()  # type: ignore[attr-defined]
