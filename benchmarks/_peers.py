@@ -18,7 +18,6 @@ from fastpool._bench.peers import (  # noqa: F401  (re-exported for the test mod
     Peer,
     PeerUnavailable,
     close_peer,
-    first_result_s,
     fresh_process_first_result_s,
     reap,
     spawn_reference_s,
