@@ -116,6 +116,17 @@ EXPECTED_FAILURES: dict[str, str] = {
 }
 
 
+# Expected failures whose outcome depends on how far the pool's start got when the test
+# acts: a pass is not an unexpected success.
+EITHER_WAY: dict[str, str] = {
+    "ProcessPoolShutdownTest.test_cancel_futures": (
+        "it shuts the pool down right after 50 submits and wants at least one task to have "
+        "run: it passes when a worker was already ready (the first pool now starts in "
+        "about 30 ms) and fails as explained above when none was"
+    ),
+}
+
+
 def _load_suites() -> tuple[type, ...]:
     """The mixins of the interpreter's own test package, or SystemExit(2) naming what is
     missing."""
@@ -337,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         if key in EXPECTED_FAILURES:
             if value[0] in ("failed", "error", "crashed"):
                 value[0] = "expected failure"
-            elif value[0] == "passed":
+            elif value[0] == "passed" and key not in EITHER_WAY:
                 value[0] = "unexpected success"
     values = [v[0] for v in outcomes.values()]
     counts = {
