@@ -140,9 +140,12 @@ def test_shared_memory_touched_raises_rss_but_not_what_the_process_owns() -> Non
             view = np.frombuffer(shared, dtype=np.uint8)
             view[::4096] = 1  # every page touched: resident, and shared
             shared_in = read_memory(os.getpid())
-            private = np.ones(64 * MiB // 8)  # np.ones writes every page: resident, private
-            private_in = read_memory(os.getpid())
-            del view, private
+            # a fresh anonymous mapping, every page written: private and resident (an array
+            # from NumPy's allocator could reuse memory the process already holds)
+            with mmap.mmap(-1, 64 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as anon:
+                np.frombuffer(anon, dtype=np.uint8)[::4096] = 1
+                private_in = read_memory(os.getpid())
+            del view
     finally:
         os.close(fd)
     assert before is not None and shared_in is not None and private_in is not None
