@@ -147,14 +147,14 @@ def blas_threads_chosen() -> bool:
     return any(v in os.environ for v in BLAS_VARS)
 
 
-def pin_openblas(n: int) -> Callable[[], None]:
+def pin_openblas(n: int, libs: list[str] | None = None) -> Callable[[], None]:
     """Sets every pthreads OpenBLAS to ``n`` threads; returns what restores the counts.
 
     Around the template's fork: the template inherits ``n`` while its pool is stopped,
     and never starts one (``openblas_set_num_threads`` in the template would start the
     pool again there, and the template must fork its workers single-threaded)."""
     saved = []
-    for lib in openblas_pools():
+    for lib in openblas_pools(libs):
         get, set_ = _openblas_call(lib, "get_num_threads"), _openblas_call(lib, "set_num_threads")
         if get is not None and set_ is not None:
             saved.append((set_, get()))
@@ -176,7 +176,7 @@ def flush_std_streams() -> None:
             pass
 
 
-def limit_blas_threads() -> None:
+def limit_blas_threads(libs: list[str] | None = None) -> None:
     """In the template: one BLAS/OpenMP thread per worker unless the user set a count, so
     workers x BLAS threads never oversubscribe the CPUs. The environment covers
     libraries not loaded yet; a forked template limits the loaded OpenMP, MKL and BLIS
@@ -187,7 +187,8 @@ def limit_blas_threads() -> None:
         os.environ.setdefault(var, "1")
     if user_set:
         return
-    libs = mapped_libraries()
+    if libs is None:  # a forked template passes the list its parent read just before the fork
+        libs = mapped_libraries()
     if any(key in os.path.basename(p).lower() for p in libs for key in _OTHER_POOL_LIBS):
         try:  # ~10 ms to import: only when such a library is there
             from threadpoolctl import ThreadpoolController

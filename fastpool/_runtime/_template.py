@@ -196,7 +196,10 @@ class Template:
         parent = os.getpid()
         parent_end, child_end = _pair()
         _forksafe.flush_std_streams()
-        restore = (lambda: None) if _forksafe.blas_threads_chosen() else _forksafe.pin_openblas(1)
+        libs = _forksafe.mapped_libraries()  # read once: the child's limit reuses it
+        restore = (
+            (lambda: None) if _forksafe.blas_threads_chosen() else _forksafe.pin_openblas(1, libs)
+        )
         try:
             if checked:
                 pid, alone = _forksafe.fork_checked()
@@ -220,7 +223,7 @@ class Template:
                 os.dup2(devnull, 0)
                 os.close(devnull)
                 os.environ[ENV_FLAG] = "1"
-                _forksafe.limit_blas_threads()
+                _forksafe.limit_blas_threads(libs)
                 serve(child_end.fileno(), forked=True, parent_pidfd=watch)
             finally:
                 os._exit(0)
@@ -414,12 +417,16 @@ def _main_path() -> str | None:
 # ---- template side -----------------------------------------------------------------
 
 
+_PRCTL: list[Any] = []  # libc's prctl, resolved once in the template: every fork inherits it
+
+
 def _prctl_pdeathsig(sig: int) -> None:
     try:
-        import ctypes
+        if not _PRCTL:
+            import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
+        _PRCTL[0](_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
@@ -482,6 +489,7 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
     if config["main"]:
         _load_main(config["main"])
     _send(ctl, ("ready", os.getpid()))
+    _prctl_pdeathsig(0)  # resolves libc's prctl here once (0: no signal, the default)
 
     sel = selectors.DefaultSelector()
     wake_r, wake_w = os.pipe()
