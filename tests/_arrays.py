@@ -200,6 +200,25 @@ def hook_stats() -> dict:
     return _alloc.stats()
 
 
+def in_forked_child(check: Any) -> bool:
+    """``check()`` run in a forked child of this process; what it returned (False if it
+    raised).  The child reports through a pipe and ends with os._exit."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - reported through the pipe
+        ok = False
+        try:
+            ok = bool(check())
+        finally:
+            os.write(w, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got == b"1"
+
+
 def fork_then_report(arr: np.ndarray) -> dict:
     """A task that forks: the child allocates (the handler is inherited, the region is
     not its own) and frees an inherited hook array, then the worker reports."""
@@ -208,25 +227,20 @@ def fork_then_report(arr: np.ndarray) -> dict:
 
     mine = arr * 2
     start = _alloc.stats()["live"]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - reported through the pipe
-        try:
-            big = np.ones(4 << 20)
-            inside = _ndarray.address_of(big) - _arrays.process_arena().base_address
-            region = _arrays.process_arena()
-            lo = region.regions_offset + region.proc * region.region_bytes
-            del mine, big
-            os.write(w, b"0" if lo <= inside < lo + region.region_bytes else b"1")
-        finally:
-            os._exit(0)
-    os.close(w)
-    got = os.read(r, 1)
-    os.close(r)
-    os.waitpid(pid, 0)
+
+    def used_malloc() -> bool:
+        nonlocal mine
+        big = np.ones(4 << 20)
+        inside = _ndarray.address_of(big) - _arrays.process_arena().base_address
+        region = _arrays.process_arena()
+        lo = region.regions_offset + region.proc * region.region_bytes
+        del mine, big
+        return not lo <= inside < lo + region.region_bytes
+
+    child_used_malloc = in_forked_child(used_malloc)
     ok = bool(mine[3] == 2 * arr[3])
     return {
-        "child_used_malloc": got == b"1",
+        "child_used_malloc": child_used_malloc,
         "live_before": start,
         "live_after": _alloc.stats()["live"],
         "intact": ok,

@@ -128,22 +128,16 @@ def test_the_context_covers_its_own_thread_only(pool):
 def test_a_forked_child_falls_back_and_its_writes_stay_its_own(pool):
     with pool.arrays():
         arr = np.ones(N)
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child reports through the pipe
-            try:
-                fresh = np.ones(N)  # the handler is inherited, the pool is not
-                arr[0] = 99.0  # copy-on-write in the child
-                ok = not born_in(pool, fresh) and arr.sum() == N + 98.0
-                del arr
-                os.write(w, b"1" if ok else b"0")
-            finally:
-                os._exit(0)
-    os.close(w)
-    got = os.read(r, 1)
-    os.close(r)
-    os.waitpid(pid, 0)
-    assert got == b"1"
+
+        def falls_back() -> bool:
+            nonlocal arr
+            fresh = np.ones(N)  # the handler is inherited, the pool is not
+            arr[0] = 99.0  # copy-on-write in the child
+            ok = not born_in(pool, fresh) and arr.sum() == N + 98.0
+            del arr
+            return ok
+
+        assert _arrays.in_forked_child(falls_back)
     assert arr[0] == 1.0 and born_in(pool, arr)
     assert pool.submit(_arrays.total, arr).result(timeout=RESULT_S) == N
 
