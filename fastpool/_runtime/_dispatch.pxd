@@ -42,7 +42,7 @@ cdef class Dispatcher:
     cdef Fn _fn(self, object fn)
     cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items, bint wait)
     cdef object _enqueue(self, Task task, bint wait)
-    cdef int _collect_if_free(self) except -1
+    cdef int _collect_if_free(self) except -2
     cdef int _dispatch_locked(self) except -1
     cdef int collect(self) except -1
     cdef int _read_slot(self, int s, list settle, Py_ssize_t budget) except -1

@@ -253,20 +253,21 @@ cdef class Dispatcher:
             self._release()
         self._run_events()
 
-    cdef int _collect_if_free(self) except -1:
-        # The submitting thread settles what is ready while nobody else drives:
-        # no thread hand-off, and the collector thread stays asleep.
+    cdef int _collect_if_free(self) except -2:
+        # Settles what is ready while no thread drives: the count, or -1 if one does.
+        # A submitting thread calls it (no thread hand-off, the collector stays asleep),
+        # and so does the collector thread; neither may die of a failed collect.
         if self._driver != 0 or not PyThread_acquire_lock(self._drive, NOWAIT_LOCK):
-            return 0
+            return -1
         self._driver = PyThread_get_thread_ident()
         try:
-            self.collect()
+            return self.collect()
         except BaseException:
-            log.exception("fastpool: collecting results on a submitting thread failed")
+            log.exception("fastpool: collecting results failed")
+            return 0
         finally:
             self._driver = 0
             PyThread_release_lock(self._drive)
-        return 0
 
     # ---- dispatch (lock held) ------------------------------------------------------
 
@@ -780,22 +781,11 @@ cdef class Dispatcher:
         while not self.torn_down:
             if should_stop():
                 return
-            if board.wanted() or fp_now_ns() - self._last_fg < _grace_ns:
+            n = -1
+            if not board.wanted() and fp_now_ns() - self._last_fg >= _grace_ns:
+                n = self._collect_if_free()
+            if n < 0:  # a caller drives or submits, or just did: it settles its own
                 handoff.wait(COLLECTOR_GRACE_S)
                 handoff.clear()
-                continue
-            if not PyThread_acquire_lock(self._drive, NOWAIT_LOCK):
-                handoff.wait(COLLECTOR_GRACE_S)
-                handoff.clear()
-                continue
-            self._driver = PyThread_get_thread_ident()
-            try:
-                n = self.collect()
-            except Exception:  # noqa: BLE001 - the collector must not die silently
-                log.exception("fastpool collector failed")
-                n = 0
-            finally:
-                self._driver = 0
-                PyThread_release_lock(self._drive)
-            if n == 0 and not board.wanted() and not self.torn_down:
+            elif n == 0 and not board.wanted() and not self.torn_down:
                 board.wait_results(PARK_SLICE_S, 0.0)
