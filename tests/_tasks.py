@@ -484,3 +484,15 @@ class Harmful:
         if self.how == "os_exit":
             return (os._exit, (0,))
         return (c_exit, (0,))
+
+
+def mp_identity() -> tuple[bool, str, int | None]:
+    """(whether this worker had multiprocessing.process before this call, the name
+    multiprocessing gives this process, its parent process's pid)."""
+    import sys
+
+    before = "multiprocessing.process" in sys.modules
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    return before, multiprocessing.current_process().name, parent.pid if parent else None

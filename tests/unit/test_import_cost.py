@@ -219,3 +219,17 @@ def test_a_spawned_template_does_not_load_the_parents_machinery() -> None:
             "psutil",
         }
     )
+
+
+def test_a_worker_looks_like_a_child_once_it_imports_multiprocessing() -> None:
+    # Neither the parent nor the template imported multiprocessing, so the worker starts
+    # without it; the task's own import makes the worker the owner's named child.
+    out = run_fresh("""
+        import os, sys
+        import fastpool
+        import _tasks
+        with fastpool.Pool(1) as pool:
+            before, name, parent = pool.submit(_tasks.mp_identity).result(timeout=60)
+        print(before, name, parent == os.getpid(), "multiprocessing" in sys.modules)
+    """)
+    assert out.split() == ["False", "fastpool-worker-0", "True", "False"]
