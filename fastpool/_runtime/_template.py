@@ -155,7 +155,9 @@ class Template:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        """The template process's pid, ready or still starting (begun); None if none."""
+        proc = self._proc or (self._booting[0] if self._booting else None)
+        return proc.pid if proc else None
 
     def begin(self) -> None:
         """Starts the template, if this process has none, without waiting for it to be

@@ -81,6 +81,23 @@ def test_killed_template_fails_its_workers_tasks_at_once_and_the_pool_goes_on(tm
         assert _template.template().pid not in (None, old)
 
 
+def test_a_pool_refused_after_its_template_began_leaves_it_to_the_next_pool():
+    # The first pool forks its template before it builds the rings (Template.begin); a
+    # refusal there leaves that template starting, and the next pool uses it.
+    fastpool.shutdown_template()
+    me = psutil.Process()
+    before = {c.pid for c in me.children()}
+    with pytest.raises(fastpool.SerializationError, match="over the ring limit"):
+        fastpool.Pool(1, initargs=(b"x" * (1 << 20),), ring_bytes=1 << 16)
+    (begun,) = {c.pid for c in me.children()} - before
+    assert _template.template().pid == begun  # starting, not yet awaited
+    with fastpool.Pool(1) as p:
+        assert p.submit(_tasks.double, 4).result(timeout=30) == 8
+        assert _template.template().pid == begun
+    fastpool.shutdown_template()
+    assert not running(begun)
+
+
 def _pids_hierarchy() -> Path | None:
     """Where a pids controller is mounted that this process may add a group to."""
     try:
