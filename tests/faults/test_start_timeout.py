@@ -166,12 +166,14 @@ def test_a_worker_forked_for_a_spawn_request_that_timed_out_is_killed(tmp_path):
         # Resumed, the template forks for the stale request too.  Whatever it forked,
         # in the end its only live child is the slot's own worker (adopted through
         # the current request), and the pool serves.
+        # The worker that serves this task retires after it too (max_tasks_per_worker=1),
+        # so the slot may hold no worker between its exit and the next one: at most one.
         assert pool.submit(double, 21).result(timeout=60) == 42
         wait_for(
             lambda: forked() <= set(pool.pids()),
             timeout=10,
             what=lambda: f"the template's children {forked()} to be the pool's own {pool.pids()}",
         )
-        assert len(pool.pids()) == 1
+        assert len(pool.pids()) <= 1
     # The template kills what it forked for a pool whose connection closed, so the
     # suite's leak check inherits nothing either way.
