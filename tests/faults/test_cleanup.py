@@ -151,15 +151,21 @@ _CTRL_C = textwrap.dedent("""
 def test_ctrl_c_interrupts_a_parent_waiting_on_a_result(tmp_path):
     script = tmp_path / "ctrl_c.py"
     script.write_text(_CTRL_C.format(tests=TESTS_DIR))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "waiting"
         proc.send_signal(signal.SIGINT)
         # seen while the 60 s task still runs: within a wait slice, not after the task
-        assert proc.stdout.readline().split() == ["interrupted", "running"]
+        said = proc.stdout.readline().split()
+        if said != ["interrupted", "running"]:
+            code = proc.wait(90)
+            pytest.fail(f"the script said {said}, exit code {code}: {proc.stderr.read()}")
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         proc.stdout.close()
+        proc.stderr.close()
