@@ -45,12 +45,18 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Become a child subreaper before any test starts a process (see the module docstring).
+    """Become a child subreaper before any test starts a process (see the module docstring),
+    and let the scripts tests start hear SIGINT even when this run ignores it.
 
     Orphans re-parented here are never waited for: they stay as zombies until the
     session ends, which the checks below count as gone."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started as a background job of a non-interactive shell (`cmd &`): SIGINT is
+        # ignored here, every script a test starts would inherit that, and the Ctrl-C
+        # tests' scripts would run on through the SIGINT they are sent.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ---- pools -------------------------------------------------------------------------
