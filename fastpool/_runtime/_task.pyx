@@ -52,6 +52,18 @@ COUNTER_NAMES = ("calls_submitted", "calls_completed", "calls_failed", "calls_ca
                  "items_completed", "unknown_replies", "bad_results", "retried", "calls_inline")
 
 
+cdef extern from "Python.h":
+    void PyObject_GC_Track(object)
+    void PyObject_GC_UnTrack(object)
+    int PyObject_GC_IsTracked(object)
+
+
+cdef inline void _track(object fut) noexcept:
+    # Back under the GC's eye: fut now holds something that can lead back to it.
+    if not PyObject_GC_IsTracked(fut):
+        PyObject_GC_Track(fut)
+
+
 cdef bint is_done(object fut) except -1:
     s = fut._state
     return s is _FINISHED or s is _CANCELLED_NOTIFIED or s is _CANCELLED
@@ -66,6 +78,13 @@ class PoolFuture(Future):
     ``concurrent.futures.wait``, ``as_completed`` and ``asyncio.wrap_future``.
     The futures of one pool share one lock (an RLock), so making one costs no
     ``Condition``.
+
+    A new future is not tracked by the garbage collector: a burst of submits keeps
+    thousands alive, and each young collection would walk them all.  What it holds
+    then cannot lead back to it (its shared lock, its task, whose link back is cut
+    when it settles, the dispatcher).  It is tracked again once it holds what can: a
+    waiter or done-callback list, an exception (its traceback's frames may hold the
+    future), or a result the collector tracks (a container: it may hold anything).
     """
 
     __slots__ = ("_condition", "_state", "_result", "_exception", "_w", "_cb", "_task", "_disp")
@@ -76,6 +95,7 @@ class PoolFuture(Future):
     def _waiters(self):
         w = self._w
         if w is None:
+            _track(self)
             w = self._w = []
         return w
 
@@ -83,11 +103,22 @@ class PoolFuture(Future):
     def _done_callbacks(self):
         cb = self._cb
         if cb is None:
+            _track(self)
             cb = self._cb = []
         return cb
 
     def __init__(self):
         raise TypeError("PoolFuture is made by its pool; submit() returns one")
+
+    def set_exception(self, exception):
+        """``Future.set_exception``: for executors, not for callers of ``submit``."""
+        _track(self)
+        Future.set_exception(self, exception)
+
+    def set_result(self, result):
+        """``Future.set_result``: for executors, not for callers of ``submit``."""
+        _track(self)  # a result set here, unlike one unpickled, may lead back to it
+        Future.set_result(self, result)
 
     def done(self):
         """True if the future settled (result, exception or cancelled).  Thread-safe."""
@@ -145,6 +176,7 @@ cdef object new_future(object disp, object fcond, Task task):
     fut._cb = None
     fut._task = task
     fut._disp = disp
+    PyObject_GC_UnTrack(fut)  # see PoolFuture
     return fut
 
 
@@ -320,12 +352,15 @@ cdef int settle_future(object fut, object flock, object fcond, object value, obj
                 for w in waiters:
                     w.add_cancelled(fut)
         elif exc is not None:
+            _track(fut)
             fut._exception = exc
             fut._state = _FINISHED
             if waiters:
                 for w in waiters:
                     w.add_exception(fut)
         else:
+            if PyObject_GC_IsTracked(value):  # a container: whatever it holds, it may lead back
+                _track(fut)
             fut._result = value
             fut._state = _FINISHED
             if waiters:
