@@ -344,6 +344,14 @@ static inline int fp_boardv_parent_peer(const fp_boardv_t *v)
     return where;
 }
 
+/* Did slot i's worker last run on CPU tag mine (the caller's, from fp_cpu_tag)?
+ * A task pushed to it then wakes it where it preempts the caller.  The word is
+ * the worker's: a wrong one only sends a task to a worse place (time only). */
+static inline int fp_boardv_worker_on(const fp_boardv_t *v, uint32_t i, uint32_t mine)
+{
+    return mine != 0 && fp_load32_relaxed(&fp_boardv_slot(v, i)->cpu) == mine;
+}
+
 /* The parent's wait for results: spin up to spin_ns, then park on the
  * board's eventcount until timeout_ns.  Returns 1 if there is work. */
 static inline int fp_boardv_wait_results(const fp_boardv_t *v, int64_t timeout_ns, int64_t spin_ns)

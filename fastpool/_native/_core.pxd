@@ -5,6 +5,7 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 cdef extern from "fp_futex.h" nogil:
     int64_t fp_now_ns()
+    uint32_t fp_cpu_tag()
 
 cdef extern from "fp_ring.h" nogil:
     ctypedef struct fp_ringv_t:
@@ -46,6 +47,7 @@ cdef extern from "fp_board.h" nogil:
     int fp_boardv_init(fp_boardv_t *v, fp_board_t *b, uint64_t mapped, uint32_t nslots,
                        uint64_t cap, fp_ringv_t *tasks, fp_ringv_t *results, int parent)
     fp_slot_t *fp_boardv_slot(const fp_boardv_t *v, uint32_t i)
+    int fp_boardv_worker_on(const fp_boardv_t *v, uint32_t i, uint32_t mine)
     fp_ringv_t *fp_boardv_tasks(const fp_boardv_t *v, uint32_t i)
     fp_ringv_t *fp_boardv_results(const fp_boardv_t *v, uint32_t i)
     fp_board_t *fp_boardv_board(const fp_boardv_t *v)
@@ -96,6 +98,7 @@ cdef class Board:
     cdef int peek_result(self, int slot, fp_recv_t *out) noexcept
     cdef void release_result(self, int slot, uint64_t nxt) noexcept
     cdef bint results_pending(self, int slot) noexcept
+    cdef bint worker_on(self, int slot, uint32_t cpu) noexcept
     cdef uint64_t current_of(self, int slot) noexcept
     cdef int skip_task(self, int slot, uint64_t seq, uint64_t task_id) noexcept
     # worker side: the serving loop's hot path

@@ -250,6 +250,9 @@ cdef class Board:
     cdef bint results_pending(self, int slot) noexcept:
         return not fp_ringv_empty(fp_boardv_results(self._v, slot))
 
+    cdef bint worker_on(self, int slot, uint32_t cpu) noexcept:
+        return fp_boardv_worker_on(self._v, slot, cpu)
+
     cdef uint64_t current_of(self, int slot) noexcept:
         return fp_slot_current(fp_boardv_slot(self._v, slot))
 

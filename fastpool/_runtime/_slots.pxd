@@ -32,6 +32,7 @@ cdef class Slots:
 
     # dispatch (dispatch lock held)
     cdef int pick(self, int depth) except -2
+    cdef void _take_idle(self, int s) noexcept
     cdef bint accepts(self, int s) except -1
     cdef void to_idle(self, int s) noexcept
     cdef int push(self, int s, Task task) except? -1

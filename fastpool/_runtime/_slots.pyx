@@ -24,7 +24,7 @@ from fastpool._runtime._events import Happened, SlotEvent
 
 from fastpool._native._core cimport (
     FP_AUX_HANDOFFS, FP_K_INIT, FP_R_BAD_RESULT, FP_R_ERR, FP_R_INIT_FAILED, FP_R_OK, FP_R_READY,
-    FP_R_SKIPPED, Board, fp_aux_call, fp_recv_t,
+    FP_R_SKIPPED, Board, fp_aux_call, fp_cpu_tag, fp_recv_t,
 )
 from fastpool._native._sys cimport FP_AGAIN, FP_OK
 from fastpool._runtime._task cimport C_UNKNOWN, Fn, Ledger, Task, wire_of
@@ -90,24 +90,53 @@ cdef class Slots:
 
     cdef int pick(self, int depth) except -2:
         """An idle slot (LIFO: the warmest worker), else, while tasks are short
-        (depth > 1: prefetch), the accepting slot holding fewest under depth; -1."""
-        cdef int s, best = -1
-        cdef Py_ssize_t k, bestn
+        (depth > 1: prefetch), the accepting slot holding fewest under depth; -1.
+
+        While tasks are short, an idle worker that last ran on the caller's CPU
+        comes after an idle one elsewhere: a task pushed to it wakes it where it
+        preempts the caller.  Never a busy worker while one is idle: a task queued
+        behind one that blocks would wait while a worker idles."""
+        cdef int s = -1, i, j, best = -1
+        cdef uint32_t cpu
+        cdef Py_ssize_t k, bestn = depth
         while self._nidle > 0:
-            self._nidle -= 1
-            s = self._idle[self._nidle]
-            self._in_idle[s] = 0
+            s = self._idle[self._nidle - 1]
             if self.accepts(s):
-                return s
+                break
+            self._nidle -= 1
+            self._in_idle[s] = 0
+            s = -1
+        if s >= 0:
+            if depth > 1 and self._nidle > 1:
+                cpu = fp_cpu_tag()
+                if self._board.worker_on(s, cpu):
+                    for j in range(self._nidle - 2, -1, -1):
+                        i = self._idle[j]
+                        if self.accepts(i) and not self._board.worker_on(i, cpu):
+                            s = i
+                            break
+            self._take_idle(s)
+            return s
         if depth <= 1:
             return -1
-        bestn = depth
-        for s in range(self._n):
-            if self.accepts(s):
-                k = len(self._held[s])
+        for i in range(self._n):
+            if self.accepts(i):
+                k = len(self._held[i])
                 if k < bestn:
-                    best, bestn = s, k
+                    best, bestn = i, k
         return best
+
+    cdef void _take_idle(self, int s) noexcept:
+        # s leaves the idle stack, if it is there: a task is on its way to it
+        cdef int j
+        if not self._in_idle[s]:
+            return
+        self._in_idle[s] = 0
+        for j in range(self._nidle - 1, -1, -1):  # the top, mostly
+            if self._idle[j] == s:
+                self._nidle -= 1
+                self._idle[j] = self._idle[self._nidle]
+                return
 
     cdef int push(self, int s, Task task) except? -1:
         """The task's record onto slot s's ring (its function's pickle the first
