@@ -37,10 +37,11 @@ def _in_child(fn) -> int:
 CHILD_EXITS = r"""
 import os, sys
 import fastpool
+from _waiting import wait_workers_ready
 
 pool = fastpool.Pool(2)
 assert pool.submit(abs, -1).result(timeout=60) == 1
-before = sorted(pool.pids())
+before = sorted(wait_workers_ready(pool))  # the first result may come before the second worker
 pid = os.fork()
 if pid == 0:
     sys.exit(0)  # runs the atexit hooks and the pool's finaliser in the child
