@@ -195,10 +195,15 @@ def test_cancelling_a_future_cancels_its_dask_task(executor, dask_client, fifo):
         assert started.wait(30)
         queued = executor.submit(_tasks.double, 1)
     assert queued.cancel() and queued.cancelled()
+    # The cancel reaches Dask asynchronously: the blocker is released only once Dask
+    # has it, or the queued task could start (and finish) before the cancel lands.
+    wait_for(
+        lambda: queued._dfut.status == "cancelled",
+        what=lambda: f"Dask to cancel the queued task ({queued._dfut.status})",
+    )
     with open(go.path, "wb") as f:
         f.write(b"1")
     assert blocker.result(timeout=30) > 0
-    # The cancel reaches Dask asynchronously; Dask's wait raises once it has.
     with pytest.raises(distributed.utils.CancelledError):
         distributed.wait([queued._dfut], timeout=30)
     assert queued._dfut.cancelled()  # the Dask task was cancelled too, not left to run
