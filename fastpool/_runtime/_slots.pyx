@@ -128,14 +128,15 @@ cdef class Slots:
 
     cdef void _take_idle(self, int s) noexcept:
         # s leaves the idle stack, if it is there: a task is on its way to it
-        cdef int j
+        cdef int j, k
         if not self._in_idle[s]:
             return
         self._in_idle[s] = 0
         for j in range(self._nidle - 1, -1, -1):  # the top, mostly
             if self._idle[j] == s:
                 self._nidle -= 1
-                self._idle[j] = self._idle[self._nidle]
+                for k in range(j, self._nidle):  # the others keep their order (warmest on top)
+                    self._idle[k] = self._idle[k + 1]
                 return
 
     cdef int push(self, int s, Task task) except? -1:
