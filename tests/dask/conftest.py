@@ -43,15 +43,21 @@ class ClusterHolder:
         self.tag = uuid.uuid4().hex
 
     def start(self) -> None:
+        import dask
         from distributed import Client, LocalCluster
 
-        self.cluster = LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",
-            env={TAG_VAR: self.tag},
-        )
+        # Dask's active memory manager drops the extra copies of a key no task waits
+        # for, every 2 s: a broadcast array could lose its copy on one worker between
+        # the scatter and that worker's first task (docs/dask.md says so to users).  The
+        # tests that count transfers need the copies where the scatter put them.
+        with dask.config.set({"distributed.scheduler.active-memory-manager.start": False}):
+            self.cluster = LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=":0",
+                env={TAG_VAR: self.tag},
+            )
         self.client = Client(self.cluster)
 
     def close(self) -> None:

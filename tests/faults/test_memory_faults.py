@@ -46,6 +46,14 @@ class Monitor:
         start = self.samples
         wait_for(lambda: self.samples >= start + n, what=f"{n} memory ticks")
 
+    def wait_counter_reads(self, n: int = 2) -> None:
+        """Wait until the ticks read the OOM-kill counter ``n`` more times.  With n = 2
+        a whole tick read it after the call (and set its baseline, if the worker lived
+        through it): a tick can sample a worker and skip the counter (a sample that
+        found no memory), so samples alone do not say the counter was read."""
+        start = len(self.counter_reads)
+        wait_for(lambda: len(self.counter_reads) >= start + n, what=f"{n} OOM counter reads")
+
 
 @pytest.fixture
 def monitor(monkeypatch: pytest.MonkeyPatch) -> Monitor:
@@ -125,7 +133,7 @@ def test_a_worker_reading_a_shared_array_over_its_limit_is_not_killed_but_alloca
 def test_external_sigkill_is_not_reported_as_oom(monitor, tmp_path):
     with fastpool.Pool(1, backoff_base_s=0.01, memory_interval_s=0.02) as p:
         fut = _busy(p, tmp_path)
-        monitor.wait_ticks()  # the cgroup counter was read while the worker lives
+        monitor.wait_counter_reads()  # the cgroup counter was read while the worker lives
         os.kill(p.pids()[0], signal.SIGKILL)
         with pytest.raises(WorkerCrashed) as info:
             fut.result(timeout=30)
@@ -153,7 +161,7 @@ def test_the_oom_verdict_follows_the_cgroup_counter(
     )
     with fastpool.Pool(1, backoff_base_s=0.01, memory_interval_s=0.02) as p:
         fut = _busy(p, tmp_path)
-        monitor.wait_ticks()  # "before" = 0, read while the worker lived
+        monitor.wait_counter_reads()  # "before" = 0, read while the worker lived
         pid = p.pids()[0]
         with monitor.hold:  # no counter read until the worker is dead and the counter final
             (cg / "memory.events").write_text(EVENTS.format(kills_after))
