@@ -92,11 +92,10 @@ cdef class Slots:
         """An idle slot (LIFO: the warmest worker), else, while tasks are short
         (depth > 1: prefetch), the accepting slot holding fewest under depth; -1.
 
-        An idle worker that last ran on the caller's CPU comes after an idle one
-        elsewhere: a task pushed to it wakes it where it preempts the caller (two
-        context switches per task when tasks are short).  Never a busy worker
-        while one is idle: a task queued behind one that blocks would wait while a
-        worker idles."""
+        While tasks are short, an idle worker that last ran on the caller's CPU
+        comes after an idle one elsewhere: a task pushed to it wakes it where it
+        preempts the caller.  Never a busy worker while one is idle: a task queued
+        behind one that blocks would wait while a worker idles."""
         cdef int s = -1, i, j, best = -1
         cdef uint32_t cpu
         cdef Py_ssize_t k, bestn = depth
@@ -108,7 +107,7 @@ cdef class Slots:
             self._in_idle[s] = 0
             s = -1
         if s >= 0:
-            if self._nidle > 1:
+            if depth > 1 and self._nidle > 1:
                 cpu = fp_cpu_tag()
                 if self._board.worker_on(s, cpu):
                     for j in range(self._nidle - 2, -1, -1):
