@@ -207,9 +207,11 @@ cdef class Dispatcher:
         task.t_submit = fp_now_ns()
         fut = new_future(self, self._fcond, task)
         task.future = fut
-        self._enqueue(task, wait)
         self._last_fg = task.t_submit
+        # Settled first: a worker whose last result waits uncollected counts as busy,
+        # and the task would go to an idle one that may share this thread's CPU.
         self._collect_if_free()
+        self._enqueue(task, wait)
         return fut
 
     cdef object _enqueue(self, Task task, bint wait):

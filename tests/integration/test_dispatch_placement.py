@@ -101,3 +101,26 @@ def test_a_task_never_queues_behind_a_busy_worker_while_the_one_beside_is_idle(t
         finally:
             gate.touch()
         assert blocked.result(timeout=30) == ""
+
+
+def test_a_worker_whose_result_waits_uncollected_is_idle_for_the_next_task():
+    """A submit settles what is ready before it places its task: a worker that finished
+    but whose result nobody collected yet is idle, so the next short task goes to it
+    rather than to the worker beside the caller."""
+    with fastpool.Pool(2) as pool, _placed(pool) as (beside, away):
+        (slot,) = [w["slot"] for w in pool.stats()["workers"] if w["pid"] == away]
+
+        def finished() -> int:  # the worker's own count, bumped once its result is out
+            return pool._board.slot_info(slot)[4]
+
+        pool._board.want(1)  # the collector thread keeps off the rings: only submit collects
+        try:
+            before, done = _served(pool), finished()
+            first = pool.submit(noop)
+            wait_for(lambda: finished() > done, what="the first task's result to be published")
+            second = pool.submit(double, 21)
+            assert second.result(timeout=30) == 42 and first.result(timeout=30) is None
+            after = _served(pool)
+        finally:
+            pool._board.want(-1)
+    assert after[away] - before[away] == 2 and after[beside] == before[beside], (before, after)
