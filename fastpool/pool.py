@@ -13,7 +13,8 @@ Data flow:
                               (_verdict) on the thread that drives
     telemetry                 stats() and crash records
 
-This module is the facade: it checks options and answers the public calls.  A
+This module is the facade: it answers the public calls (``_supervision._options``
+checks the constructor's options).  A
 pool's life (building its parts, shutdown, interrupt, teardown, at exit, after
 fork) is ``_supervision._lifetime``, whose ``Runtime`` never holds the Pool
 object, so a pool dropped without ``shutdown`` is collected and shuts itself
@@ -44,10 +45,9 @@ from typing import (
 from fastpool import errors, telemetry
 from fastpool._integrations import _progress
 from fastpool._native import _ndarray
-from fastpool._native._core import check_ring_bytes
 from fastpool._runtime import _arrays, _mapper, _template
 from fastpool._runtime._call import TaskFunction, task  # noqa: F401 (fastpool.pool.task)
-from fastpool._supervision import _policy, _sizing
+from fastpool._supervision import _options, _policy, _sizing
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,14 +64,6 @@ S = TypeVar("S", bound="np.generic")
 ShapeLike = Union[SupportsIndex, Sequence[SupportsIndex]]
 
 DEFAULT_RING_BYTES = 64 << 20  # per direction per worker; sparse, only touched pages cost
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_seconds(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
 
 
 class Pool(Executor):
@@ -119,75 +111,29 @@ class Pool(Executor):
                 "a fastpool.Pool was created while the worker template imported your main "
                 'script; guard the code that creates pools with `if __name__ == "__main__":`'
             )
-        if max_workers is not None:
-            if workers is not None:
-                raise TypeError(
-                    "pass workers or max_workers (its ProcessPoolExecutor name), not both"
-                )
-            if _is_int(max_workers) and max_workers <= 0:  # ProcessPoolExecutor's words
-                raise ValueError("max_workers must be greater than 0")
-            workers = max_workers
-        limit = _sizing.parse_memory(memory_limit) if memory_limit is not None else None
-        if workers is None or workers == "auto":
-            workers = _sizing.default_workers(limit)  # with a budget: never more than memory allows
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ValueError(f"workers must be a positive int or 'auto', not {workers!r}")
-        if workers > 1023:
-            raise ValueError(f"workers must be at most 1023, not {workers}")
-        if on_full not in ("block", "reject"):
-            raise ValueError(f"on_full must be 'block' or 'reject', not {on_full!r}")
-        if initializer is not None and not callable(initializer):
-            raise TypeError("initializer must be callable")
-        check_ring_bytes(ring_bytes)
-        max_queue = 256 * workers if max_queue is None else max_queue
-        if not _is_int(max_queue) or max_queue < 1 or max_queue > 1 << 40:
-            raise ValueError(f"max_queue must be an int from 1 to 2**40, not {max_queue!r}")
-        for name, count in (
-            ("max_tasks_per_worker", max_tasks_per_worker),
-            ("blas_threads", blas_threads),
-            ("max_failures", max_failures),
-        ):
-            if count is not None and (not _is_int(count) or count < 1):
-                raise ValueError(
-                    f"{name} must be a positive int{'' if name == 'max_failures' else ' or None'}, "
-                    f"not {count!r}"
-                )
-        for name, value in (
-            ("task_timeout", task_timeout),
-            ("hang_timeout", hang_timeout),
-            ("queue_timeout", queue_timeout),
-        ):
-            if value is not None and not _is_seconds(value):
-                raise ValueError(
-                    f"{name} must be a positive number of seconds or None, not {value!r}"
-                )
-        for name, value in (
-            ("start_timeout", start_timeout),
-            ("memory_interval_s", memory_interval_s),
-            ("backoff_base_s", backoff_base_s),
-            ("backoff_cap_s", backoff_cap_s),
-            ("breaker_open_s", breaker_open_s),
-        ):
-            if not _is_seconds(value):
-                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-
-        self._n = workers
-        settings = dict(
+        workers, max_queue, settings = _options.check(
+            workers=workers,
+            max_workers=max_workers,
+            initializer=initializer,
+            on_full=on_full,
+            ring_bytes=ring_bytes,
+            max_queue=max_queue,
+            max_tasks_per_worker=max_tasks_per_worker,
+            blas_threads=blas_threads,
+            max_failures=max_failures,
             task_timeout=task_timeout,
             hang_timeout=hang_timeout,
+            queue_timeout=queue_timeout,
             start_timeout=start_timeout,
-            memory_limit=limit,
             memory_interval_s=memory_interval_s,
-            leak_threshold=_sizing.parse_memory(leak_threshold)
-            if leak_threshold is not None
-            else None,
-            min_available=(
-                _sizing.parse_memory(min_available_memory)
-                if min_available_memory is not None
-                else None
-            ),
-            available_memory=_sizing.available_memory_bytes,
+            backoff_base_s=backoff_base_s,
+            backoff_cap_s=backoff_cap_s,
+            breaker_open_s=breaker_open_s,
+            memory_limit=memory_limit,
+            leak_threshold=leak_threshold,
+            min_available_memory=min_available_memory,
         )
+        self._n = workers
         self._settings = settings
 
         def breaker() -> _policy.SlotBreaker:
