@@ -13,7 +13,7 @@ import concurrent.futures
 import gc
 import threading
 
-from _tasks import announce_then_gate, noop, raise_value_error
+from _tasks import announce_then_gate, double, noop, raise_value_error
 from _waiting import wait_for
 
 
@@ -84,3 +84,27 @@ def test_an_exception_set_by_hand_tracks_the_future_too(pool, tmp_path):
     assert fut.exception(timeout=30) is exc
     del fut, exc
     wait_for(lambda: _collected(freed), what="the hand-set exception cycle to be collected")
+
+
+def test_a_cycle_through_a_tasks_container_result_is_collected(pool):
+    freed = threading.Event()
+    fut = pool.submit(double, [1])
+    result = fut.result(timeout=30)
+    assert result == [1, 1]
+    result.append((fut, _Sentinel(freed)))  # fut -> its result -> fut
+    del fut, result
+    wait_for(lambda: _collected(freed), what="the future's result cycle to be collected")
+
+
+def test_a_result_set_by_hand_tracks_the_future_too(pool, tmp_path):
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    freed = threading.Event()
+    fut = pool.submit(announce_then_gate, str(started), str(gate))
+    wait_for(started.exists, what="the gated task to start")
+    holder: list = []
+    fut.set_result(holder)  # Future's executor-side API, here by the caller
+    holder.append((fut, _Sentinel(freed)))
+    gate.touch()
+    assert fut.result(timeout=30) is holder
+    del fut, holder
+    wait_for(lambda: _collected(freed), what="the hand-set result cycle to be collected")
