@@ -7,7 +7,7 @@ worker or template outlives the script.  The gated tasks here end on their own
 after GATE_LIMIT_S, leaving a file that says so; the script must be gone before
 any of them gets there.  (ProcessPoolExecutor gets there
 because its workers share the terminal's process group and get the SIGINT too;
-fastpool's template and workers live in their own session, so the pool itself
+fastpool's template and workers live in their own process group, so the pool itself
 has to interrupt them.)
 """
 
