@@ -43,17 +43,20 @@ from typing import (
 )
 
 from fastpool import errors, telemetry
-from fastpool._integrations import _progress
 from fastpool._native import _ndarray
 from fastpool._runtime import _arrays, _mapper, _template
 from fastpool._runtime._call import TaskFunction, task  # noqa: F401 (fastpool.pool.task)
+from fastpool._runtime._lazy import LazyModule
 from fastpool._supervision import _options, _policy, _sizing
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import ArrayLike, DTypeLike, NDArray
 
+    from fastpool._integrations import _progress
     from fastpool._integrations._aio import AsyncMap
+else:  # a map's progress bar: imported by the first map, not by the first pool
+    _progress = LazyModule("fastpool._integrations._progress")
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -195,6 +195,11 @@ class Template:
         already, so it is ready in milliseconds.  With ``checked``, only if this process
         ran one thread at the fork (see _forksafe); otherwise the child is killed before
         it does anything and None is returned."""
+        # The worker's modules, imported here before the fork: the template would import
+        # them first thing, at ~1.5x the cost once every page it writes is copied (COW),
+        # and on the way to a first pool's first result.
+        from fastpool._runtime import _serve, _worker  # noqa: F401
+
         parent = os.getpid()
         parent_end, child_end = _pair()
         _forksafe.flush_std_streams()

@@ -6,10 +6,13 @@ breaker, memory, liveness readings), and the row ``worker_stats`` reports for it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastpool._supervision import _memory, _policy
-from fastpool._supervision._verdict import Kill
+from fastpool._supervision import _policy
+
+if TYPE_CHECKING:
+    from fastpool._supervision import _memory
+    from fastpool._supervision._verdict import Kill
 
 
 class Slot:

@@ -107,6 +107,25 @@ def test_naming_pool_loads_the_facade_and_not_the_machinery_or_the_extras() -> N
     )
 
 
+def test_a_pool_constructors_imports_leave_out_deaths_memory_timing_and_progress() -> None:
+    # Each comes at its first use (a death, the first memory tick, a task to time, a
+    # map's progress), not on a first pool's way to its first result: ~3 ms of imports.
+    code = """
+        import fastpool
+        fastpool.Pool
+        import fastpool._supervision._lifetime  # what the constructor imports
+    """
+    names = (
+        "fastpool._supervision._supervisor",
+        "fastpool._supervision._verdict",
+        "fastpool._supervision._memory",
+        "fastpool._supervision._deaths",
+        "fastpool._supervision._watch",
+        "fastpool._integrations._progress",
+    )
+    assert loaded_after(code, names) == {"fastpool._supervision._supervisor"}
+
+
 def test_every_public_name_resolves_and_is_listed() -> None:
     out = run_fresh("""
         import fastpool
