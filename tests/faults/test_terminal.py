@@ -64,6 +64,17 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+def _have_pty() -> bool:
+    try:
+        master, slave = os.openpty()
+    except OSError:
+        return False
+    os.close(master)
+    os.close(slave)
+    return True
+
+
+@pytest.mark.skipif(not _have_pty(), reason="no pseudo-terminal here (/dev/ptmx)")
 def test_a_worker_prints_to_a_tostop_terminal_without_being_stopped(tmp_path):
     script = tmp_path / "tostop.py"
     script.write_text(_SCRIPT.format(tests=TESTS_DIR, wait=RESULT_WAIT_S))
