@@ -14,15 +14,13 @@ import os
 import pty
 import select
 import signal
+import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
-from _waiting import wait_for, wait_gone
-
-import fastpool
-from fastpool._runtime import _template
+from _waiting import wait_gone
 
 pytestmark = [pytest.mark.faults, pytest.mark.linux]
 
@@ -31,15 +29,41 @@ DEADLINE_S = 60.0  # only a guard: the script's own result() gives up after RESU
 RESULT_WAIT_S = 20
 
 
-def test_the_template_and_workers_have_their_own_group_in_the_parents_session():
-    with fastpool.Pool(2) as pool:
-        workers = wait_for(lambda: len(pool.pids()) == 2 and pool.pids(), what="two workers")
-        pids = [_template.template().pid, *workers]
-        assert len(pids) == 3
-        groups = {os.getpgid(pid) for pid in pids}
-        assert groups == {pids[0]}, groups  # the template's group, the workers in it
-        assert os.getpgid(0) not in groups
-        assert {os.getsid(pid) for pid in pids} == {os.getsid(0)}
+_GROUPS = textwrap.dedent("""
+    import os, sys, time
+    import fastpool
+    from fastpool._runtime import _template
+
+    if __name__ == "__main__":
+        with fastpool.Pool(2) as pool:
+            deadline = time.monotonic() + 60
+            while len(pool.pids()) < 2:  # both workers up (wait_for, inline)
+                assert time.monotonic() < deadline, pool.stats()
+                time.sleep(0.005)
+            pids = [_template.template().pid, *pool.pids()]
+            print(os.getsid(0), os.getpgid(0), *(f"{os.getsid(p)}:{os.getpgid(p)}" for p in pids))
+""")
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_the_template_and_workers_have_their_own_group_in_the_parents_session(tmp_path, start):
+    # In a fresh script: this process runs threads, where the template is always spawned.
+    script = tmp_path / "groups.py"
+    script.write_text(_GROUPS)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "FASTPOOL_TEMPLATE_START": start},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    sid, pgid, *rows = done.stdout.split()
+    pairs = [row.split(":") for row in rows]
+    assert len(pairs) == 3  # the template and two workers
+    assert {s for s, _ in pairs} == {sid}, (sid, pairs)  # the parent's session
+    groups = {g for _, g in pairs}
+    assert len(groups) == 1 and groups != {pgid}, (pgid, pairs)  # one group, not the parent's
 
 
 _SCRIPT = textwrap.dedent("""
