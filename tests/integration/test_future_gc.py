@@ -12,7 +12,9 @@ from __future__ import annotations
 import concurrent.futures
 import gc
 import threading
+from typing import Any
 
+import pytest
 from _tasks import announce_then_gate, double, noop, raise_value_error
 from _waiting import wait_for
 
@@ -72,20 +74,6 @@ def test_a_cycle_through_a_tasks_exception_is_collected(pool):
     wait_for(lambda: _collected(freed), what="the future's exception cycle to be collected")
 
 
-def test_an_exception_set_by_hand_tracks_the_future_too(pool, tmp_path):
-    started, gate = tmp_path / "started", tmp_path / "gate"
-    freed = threading.Event()
-    fut = pool.submit(announce_then_gate, str(started), str(gate))
-    wait_for(started.exists, what="the gated task to start")
-    exc = ValueError("set by hand")
-    fut.set_exception(exc)  # Future's executor-side API, here by the caller
-    exc.keep = (fut, _Sentinel(freed))
-    gate.touch()  # the task's own result then finds the future settled
-    assert fut.exception(timeout=30) is exc
-    del fut, exc
-    wait_for(lambda: _collected(freed), what="the hand-set exception cycle to be collected")
-
-
 def test_a_cycle_through_a_tasks_container_result_is_collected(pool):
     freed = threading.Event()
     fut = pool.submit(double, [1])
@@ -96,15 +84,23 @@ def test_a_cycle_through_a_tasks_container_result_is_collected(pool):
     wait_for(lambda: _collected(freed), what="the future's result cycle to be collected")
 
 
-def test_a_result_set_by_hand_tracks_the_future_too(pool, tmp_path):
+@pytest.mark.parametrize("how", ["set_exception", "set_result"])
+def test_a_value_set_by_hand_tracks_the_future_too(pool, tmp_path, how):
+    # Future's executor-side API, here called by the caller while the task runs
     started, gate = tmp_path / "started", tmp_path / "gate"
     freed = threading.Event()
     fut = pool.submit(announce_then_gate, str(started), str(gate))
     wait_for(started.exists, what="the gated task to start")
-    holder: list = []
-    fut.set_result(holder)  # Future's executor-side API, here by the caller
-    holder.append((fut, _Sentinel(freed)))
-    gate.touch()
-    assert fut.result(timeout=30) is holder
-    del fut, holder
-    wait_for(lambda: _collected(freed), what="the hand-set result cycle to be collected")
+    if how == "set_exception":
+        value: Any = ValueError("set by hand")
+        fut.set_exception(value)
+        value.keep = (fut, _Sentinel(freed))  # fut -> exc -> fut
+    else:
+        value = []
+        fut.set_result(value)
+        value.append((fut, _Sentinel(freed)))  # fut -> its result -> fut
+    gate.touch()  # the task's own result then finds the future settled
+    got = fut.exception(timeout=30) if how == "set_exception" else fut.result(timeout=30)
+    assert got is value
+    del fut, value, got
+    wait_for(lambda: _collected(freed), what=f"the cycle through {how}() to be collected")
