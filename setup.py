@@ -22,7 +22,8 @@ def extension(name: str) -> Extension:
     )
 
 
-# In cimport order: the board, arrays, a task, the slots, the dispatcher, the worker's loop.
+# In cimport order: the board, arrays, a task, the slots, the dispatcher (its core, then its
+# controls), the worker's loop.
 MODULES = (
     "fastpool._native._core",
     "fastpool._native._arena",
@@ -32,6 +33,7 @@ MODULES = (
     "fastpool._runtime._task",
     "fastpool._runtime._slots",
     "fastpool._runtime._dispatch",
+    "fastpool._runtime._controls",
     "fastpool._runtime._serve",
 )
 setup(ext_modules=[extension(n) for n in MODULES])

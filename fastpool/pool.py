@@ -2,8 +2,9 @@
 
 Data flow:
 
-    Pool.submit / map ------> _dispatch.Dispatcher (compiled): pickle the call, queue it,
-                              push it to an idle worker's task ring
+    Pool.submit / map ------> _controls.Dispatcher (compiled; its core: _dispatch):
+                              pickle the call, queue it, push it to an idle
+                              worker's task ring
     worker (_serve, compiled) pops, runs, pushes the result to its result ring
     Future.result() / map     the waiting thread drives: it polls the result rings,
                               returns capacity, dispatches queued work, THEN settles

@@ -1,5 +1,6 @@
 # The dispatcher's declarations (fastpool/_runtime/_dispatch.pyx): its state is its
-# own; nothing else cimports it.  Slots own the per-slot words (_slots.pxd).
+# own; only its subclass, _controls.Dispatcher, cimports it.  Slots own the per-slot
+# words (_slots.pxd).
 from libc.stdint cimport int64_t
 from cpython.pythread cimport PyThread_type_lock
 
@@ -8,7 +9,7 @@ from fastpool._runtime._slots cimport Slots
 from fastpool._runtime._task cimport Fn, Ledger, Registry, Task
 
 
-cdef class Dispatcher:
+cdef class DispatchCore:
     cdef Board board
     cdef readonly int nslots
     cdef Slots _slots
@@ -48,7 +49,6 @@ cdef class Dispatcher:
     cdef int _read_slot(self, int s, list settle, Py_ssize_t budget) except -1
     cdef int _settle(self, Task task, int outcome, object value, object exc,
                      list later=*) except -1
-    cdef list _take_queue(self)
     cdef int _run_events(self) except -1
     cdef bint _ok(self, object fut, object pred) except -1
     cdef object _drive_until(self, object fut, object pred, object timeout)

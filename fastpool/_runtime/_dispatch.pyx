@@ -15,11 +15,11 @@
     every way a task ends goes through _settle: a reply, a death (settle_death),
     a cancel, an inline run, a circuit that opened, teardown (abandon).
 
-    supervision (Python, _supervisor) reaches in through eight methods:
-      slot_spawned / slot_stopping / set_accepting / slot_view / task_on /
-      settle_death / set_paused / set_circuit
-    and hears back through on_event(SlotEvent), on_attention() and circuit_error(),
-    called with no lock held (circuit_error: under the lock, it reads breakers only).
+    supervision (Python, _supervisor) reaches in through the eight methods of
+    _controls.Dispatcher, the subclass the pool makes (with cancel, shutdown and the
+    views), and hears back through on_event(SlotEvent), on_attention() and
+    circuit_error(), called with no lock held (circuit_error: under the lock, it
+    reads breakers only).
 
 Locks, in the only order they are taken: the dispatch lock (a C lock, never held
 across a blocking call) then the futures' lock (the RLock every PoolFuture
@@ -52,17 +52,17 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from fastpool import errors
 from fastpool._native._core import ring_limit_error
 from fastpool._runtime import _call
-from fastpool._runtime._events import Fate, Happened, SlotEvent
+from fastpool._runtime._events import Happened, SlotEvent
 
 from fastpool._native._core cimport (
     FP_R_BAD_RESULT, FP_R_OK, Board, fp_now_ns,
 )
 from fastpool._native._sys cimport FP_AGAIN, FP_OK
-from fastpool._runtime._slots cimport HELD_FLAGGED, HELD_KILL, Slots
+from fastpool._runtime._slots cimport Slots
 from fastpool._runtime._task cimport (
-    C_BAD_RESULTS, C_CHUNKS, C_INLINE, C_RETRIED, C_SUBMITTED, END_CANCELLED,
-    END_DONE, END_FAILED, END_INLINE, END_REPLY, Fn, Ledger, Registry, Task, decode_reply,
-    drop_result, encode_call, encode_chunk, is_done, new_future, run_callbacks, settle_future,
+    C_BAD_RESULTS, C_CHUNKS, C_INLINE, C_SUBMITTED, END_CANCELLED, END_DONE, END_FAILED,
+    END_INLINE, END_REPLY, Fn, Ledger, Registry, Task, decode_reply, drop_result, encode_call,
+    encode_chunk, is_done, new_future, run_callbacks, settle_future,
 )
 
 from fastpool._runtime._task import COUNTER_NAMES
@@ -72,9 +72,6 @@ log = logging.getLogger("fastpool")
 cdef object _PENDING = _base.PENDING
 cdef object _RUNNING = _base.RUNNING
 cdef object _run_call = _call.run
-cdef object _FATE_REQUEUE = Fate.REQUEUE
-cdef object _FATE_RETRY = Fate.RETRY
-cdef object _FATE_CANCEL = Fate.CANCEL
 
 cdef enum:
     READ_BUDGET = 256  # records per slot per collect round: one busy worker cannot starve the rest
@@ -95,14 +92,13 @@ def set_parent_spin(double seconds):
     _parent_spin = seconds
 
 
-cdef class Dispatcher:
+cdef class DispatchCore:
     """The pool's queue and in-flight map, its slots (Slots), its function registry,
-    and the submit, completion and settle paths between them (see the module
-    docstring).
+    and the submit, completion, settle and driving paths between them (see the
+    module docstring).  The pool makes its subclass, _controls.Dispatcher.
 
     Thread safety: every public method may be called from any thread; the
-    collection methods that need the drive lock take it (``settle_death`` drains
-    a dead worker's ring only on the thread that holds it: ``on_attention``)."""
+    collection methods that need the drive lock take it."""
 
     def __cinit__(self, Board board, int nslots, *args, **kwargs):
         self._lock = PyThread_allocate_lock()
@@ -419,135 +415,7 @@ cdef class Dispatcher:
             self._hooks.on_event(ev)
         return len(events)
 
-    # ---- supervision's eight methods -------------------------------------------------
-
-    def slot_spawned(self, int s, bytes init_payload, uint64_t req):
-        """A new worker is starting in slot s: its rings are emptied (under the lock,
-        so no reader is inside them), its K_INIT record queued, and nothing is
-        known about it yet."""
-        self._acquire()
-        try:
-            self._slots.spawned(s, init_payload, req)
-        finally:
-            self._release()
-
-    def slot_stopping(self, int s):
-        """The worker in slot s takes nothing more (retired, stopped, killed)."""
-        self._acquire()
-        self._slots.stopping(s)
-        self._release()
-
-    def set_accepting(self, int s, bint accepting):
-        """Retiring (False): no more tasks.  Returns True if the slot is idle now."""
-        self._acquire()
-        try:
-            idle = self._slots.set_accepting(s, accepting)
-            if accepting and idle:
-                self._dispatch_locked()
-        finally:
-            self._release()
-        self._run_events()
-        return idle
-
-    def slot_view(self, int s):
-        """(ready, accepting, served, assigned) for stats."""
-        self._acquire()
-        try:
-            return self._slots.view(s)
-        finally:
-            self._release()
-
-    def task_on(self, int s, uint64_t wire):
-        """The task slot s holds under this wire id, or None.  wire 0 (the worker's
-        slot word names no task): the oldest task the slot holds while no reply from
-        it waits unread, the one its worker must be running or about to run (the word
-        is the worker's to write, and a task may have zeroed it); else None."""
-        self._acquire()
-        try:
-            if wire == 0:
-                if self._slots.held(s) == 0 or self.board.results_pending(s):
-                    return None
-                return self._slots.oldest(s)
-            return self._slots.task_on(s, wire)
-        finally:
-            self._release()
-
-    def settle_death(self, int s, judge):
-        """A dead (or never started) worker's tasks, each to its fate.
-
-        On the thread that holds the drive lock, what the worker published before
-        it died settles first: those tasks finished, and are neither run again nor
-        judged.  Then every task the slot holds is taken off it (ring order) and
-        ``judge(tasks)`` (called with no dispatcher lock held) returns a
-        ``(task, Fate, exception)`` for each: REQUEUE and RETRY go back to the front
-        of the queue (retries first: the task that ran), FAIL and CANCEL settle."""
-        cdef list settle = []
-        cdef list front = []
-        cdef list later = []
-        if self._driver == PyThread_get_thread_ident():
-            self._acquire()
-            try:
-                if self._slots.readable(s):
-                    self._read_slot(s, settle, -1)
-            finally:
-                self._release()
-            for t in settle:
-                self._settle(<Task>t, END_REPLY, None, None, later)
-        self._acquire()
-        try:
-            tasks = self._slots.take(s)
-        finally:
-            self._release()
-        rulings = judge(tasks)
-        retries = [t for t, fate, _ in rulings if fate is _FATE_RETRY]
-        self._acquire()
-        try:
-            for t in retries:
-                (<Task>t).attempt += 1
-                self._ledger.add(C_RETRIED, 1)
-            front = retries + [t for t, fate, _ in rulings if fate is _FATE_REQUEUE]
-            for t in reversed(front):
-                if not (<Task>t).settled:  # cancelled while a worker held it: not run again
-                    self._queue.appendleft(t)
-            self._dispatch_locked()
-        finally:
-            self._release()
-        for t, fate, exc in rulings:
-            if fate is _FATE_CANCEL:
-                self._settle(<Task>t, END_CANCELLED, None, None, later)
-            elif fate is not _FATE_REQUEUE and fate is not _FATE_RETRY:
-                self._settle(<Task>t, END_FAILED, None, exc, later)
-        run_callbacks(later)
-        self._run_events()
-
-    def set_paused(self, bint paused):
-        """Memory pressure: nothing is dispatched while paused."""
-        self._acquire()
-        self._paused = paused
-        if not paused:
-            self._dispatch_locked()
-        self._release()
-        self._run_events()
-
-    def set_circuit(self, exc, bint drain=True):
-        """exc (a CircuitOpen): every breaker is open.  Submits ask circuit_error()
-        and raise, and every queued task ends now: one with fallback="inline" runs
-        in this process, the others fail with exc.  None: the circuit is closed.
-        drain=False only opens it (for a caller holding a lock that settling, which runs
-        done-callbacks, must not run under); a later call drains the queue."""
-        self._circuit_open = exc is not None
-        if exc is None or not drain:
-            return
-        cdef list later = []
-        for t in self._take_queue():
-            options = (<Task>t).options
-            if options is not None and options.fallback == "inline":
-                self._settle(<Task>t, END_INLINE, None, None, later)
-            else:
-                self._settle(<Task>t, END_FAILED, None, exc, later)
-        run_callbacks(later)
-
-    # ---- the caller's other ends: inline, cancel, shutdown ---------------------------
+    # ---- the inline run: a task that never leaves this process ----------------------
 
     def run_inline(self, fn, tuple args, dict kwargs):
         """Degraded mode (fallback="inline", every breaker open): runs fn(*args,
@@ -563,125 +431,6 @@ cdef class Dispatcher:
         task.future = fut
         self._settle(task, END_INLINE, (fn, args, kwargs), None)
         return fut
-
-    def drop_cancelled(self, Task task):
-        """A future cancelled while queued: out of the queue now, waiters told."""
-        if task.future is None:
-            return
-        self._acquire()
-        try:
-            try:
-                self._queue.remove(task)
-            except ValueError:
-                return  # dispatch took it meanwhile; it tells the waiters
-            self._settle(task, END_CANCELLED, None, None)  # its caller ran the callbacks
-        finally:
-            self._release()
-
-    def cancel(self, fut, bint force):
-        """Pool.cancel, below the future's own cancel().  Returns (outcome, slot):
-        "done" (it had settled: the caller returns False), "cancelled" (dropped
-        before it ran: True), "flagged" (running; the cooperative flag is set:
-        True) or "kill" (running; the caller kills slot's worker: True)."""
-        cdef Task task = fut._task
-        cdef int s = -1
-        self._acquire()
-        try:
-            if task.settled or is_done(fut):
-                return "done", -1
-            task.cancel_requested = True
-            s = task.slot
-            if s < 0:
-                # Back in the queue after a crash (its future says RUNNING): drop it here.
-                try:
-                    self._queue.remove(task)
-                except ValueError:
-                    return "flagged", -1  # between a worker's death and its requeue
-            else:
-                held = self._slots.cancel_held(s, task, force)
-                if held == HELD_KILL:
-                    return "kill", s
-                if held == HELD_FLAGGED:
-                    return "flagged", s
-        finally:
-            self._release()
-        self._settle(task, END_CANCELLED, None, None)
-        return "cancelled", s
-
-    cdef list _take_queue(self):
-        self._acquire()
-        try:
-            tasks = list(self._queue)
-            self._queue.clear()
-            return tasks
-        finally:
-            self._release()
-
-    def close(self):
-        """No new submits (PoolClosed)."""
-        self._closed = True
-
-    @property
-    def closed(self):
-        return self._closed
-
-    def cancel_queued(self):
-        """Cancels every task no worker holds (shutdown(cancel_futures=True))."""
-        cdef list later = []
-        tasks = self._take_queue()
-        for t in tasks:
-            self._settle(<Task>t, END_CANCELLED, None, None, later)
-        run_callbacks(later)
-        return len(tasks)
-
-    def abandon(self, exc_factory):
-        """Teardown: every task not settled yet fails with exc_factory(task)."""
-        self._acquire()
-        try:
-            tasks = list(self._inflight.values())
-            self._queue.clear()
-            self._slots.clear()
-        finally:
-            self._release()
-        cdef list later = []
-        for t in tasks:
-            self._settle(<Task>t, END_FAILED, None, exc_factory(t), later)
-        run_callbacks(later)
-        return len(tasks)
-
-    def set_torn_down(self):
-        self.torn_down = True
-        self.board.kick()
-
-    # ---- views ------------------------------------------------------------------------
-
-    @property
-    def depth(self):
-        """Prefetch: how many tasks a worker may hold (from recent run times)."""
-        return self._ledger.prefetch()
-
-    @property
-    def inflight(self):
-        return len(self._inflight)
-
-    @property
-    def queued(self):
-        return len(self._queue)
-
-    def tasks(self):
-        """A snapshot of the tasks accepted and not settled."""
-        self._acquire()
-        try:
-            return list(self._inflight.values())
-        finally:
-            self._release()
-
-    def counts(self):
-        return self._ledger.counts()
-
-    def samples(self):
-        """(queue waits, run times) in ns, the latest up to 8192 of each."""
-        return self._ledger.samples()
 
     # ---- driving: the waiting thread consumes results itself -----------------------
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal
 from fastpool import errors, telemetry
 from fastpool._native import _arena
 from fastpool._native._core import Board
-from fastpool._runtime import _codec, _dispatch
+from fastpool._runtime import _codec, _controls, _dispatch
 from fastpool._supervision import _policy
 from fastpool._supervision._supervisor import STOP_GRACE_S, Supervisor
 
@@ -147,7 +147,7 @@ def start(
                 "raise Pool(ring_bytes=...)",
             )
         tel = telemetry.Telemetry()
-        disp = _dispatch.Dispatcher(
+        disp = _controls.Dispatcher(
             board,
             workers,
             max_queue=max_queue,
@@ -177,7 +177,7 @@ class Runtime:
         self,
         board: Board,
         arena: _arena.Arena,
-        disp: _dispatch.Dispatcher,
+        disp: _controls.Dispatcher,
         sup: Supervisor,
         tel: telemetry.Telemetry,
     ) -> None:

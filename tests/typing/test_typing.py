@@ -30,6 +30,7 @@ COMPILED = [
     "fastpool._runtime._task",
     "fastpool._runtime._slots",
     "fastpool._runtime._dispatch",
+    "fastpool._runtime._controls",
     "fastpool._runtime._serve",
 ]
 _EXPECTED = re.compile(r"#\s*E:\s*([a-z-]+(?:,\s*[a-z-]+)*)\s*$")

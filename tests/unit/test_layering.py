@@ -138,6 +138,7 @@ MACHINERY = frozenset(
         "fastpool._native._arena",
         "fastpool._runtime._task",
         "fastpool._runtime._dispatch",
+        "fastpool._runtime._controls",
         "fastpool._runtime._slots",
         "fastpool._runtime._serve",
         "fastpool._runtime._codec",
@@ -161,7 +162,7 @@ PARENT = (
     "fastpool._runtime._task",
     "fastpool._runtime._slots",
     "fastpool._runtime._dispatch",
-    "fastpool._runtime._slots",
+    "fastpool._runtime._controls",
     "fastpool.telemetry",
 )
 
