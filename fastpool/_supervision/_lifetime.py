@@ -188,30 +188,16 @@ class Runtime:
         self.torn_down = threading.Event()
         self.handoff = threading.Event()
         self.supervisor_thread = threading.Thread(
-            target=self._supervise, name="fastpool-supervisor", daemon=True
+            target=sup.run, name="fastpool-supervisor", daemon=True
         )
         self.collector_thread = threading.Thread(
             target=self._collect, name="fastpool-collector", daemon=True
         )
 
     def start(self) -> None:
-        """Starts the supervisor's thread, which starts the collector's.  A thread's
-        start waits until the new thread runs: ~0.1 ms on a busy CPU, but up to ~4 ms
-        where the other vCPU of a VM sleeps (measured here), so the constructor waits
-        for one start, not two."""
         self.supervisor_thread.start()
+        self.collector_thread.start()
         _live.add(self)
-
-    def _supervise(self) -> None:
-        try:
-            self.collector_thread.start()
-        except RuntimeError as exc:  # can't start new thread: out of threads or memory
-            log.error(
-                "fastpool: the collector thread did not start (%s): a result is settled "
-                "only when some thread waits for it",
-                exc,
-            )
-        self.sup.run()
 
     def _idle_closed(self) -> bool:
         return (
@@ -279,12 +265,7 @@ class Runtime:
         finally:
             disp.set_torn_down()
             self.torn_down.set()
-            # started by now, or never: the supervisor's thread, joined above, starts it
-            # before anything else
-            if (
-                threading.current_thread() is not self.collector_thread
-                and self.collector_thread.ident is not None
-            ):
+            if threading.current_thread() is not self.collector_thread:
                 self.collector_thread.join(5)
             others = [
                 t
