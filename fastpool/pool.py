@@ -45,7 +45,7 @@ from typing import (
 
 from fastpool import errors, telemetry
 from fastpool._native import _ndarray
-from fastpool._runtime import _arrays, _mapper, _template
+from fastpool._runtime import _arrays, _template
 from fastpool._runtime._call import TaskFunction, task  # noqa: F401 (fastpool.pool.task)
 from fastpool._runtime._lazy import LazyModule
 from fastpool._supervision import _options, _policy, _sizing
@@ -56,7 +56,9 @@ if TYPE_CHECKING:
 
     from fastpool._integrations import _progress
     from fastpool._integrations._aio import AsyncMap
-else:  # a map's progress bar: imported by the first map, not by the first pool
+    from fastpool._runtime import _mapper
+else:  # the map engine and its progress bar: imported by the first map, not the first pool
+    _mapper = LazyModule("fastpool._runtime._mapper")
     _progress = LazyModule("fastpool._integrations._progress")
 
 P = ParamSpec("P")
@@ -153,7 +155,7 @@ class Pool(Executor):
         # refuses an option.
         _template.template().begin()
         if blas_threads is None:
-            blas_threads = max(1, _sizing.usable_cpus() // workers)  # reads cgroup files
+            blas_threads = _sizing.threads_per_worker(workers)
 
         self._keep: list = []  # blocks of shared arrays in initargs: live as long as the pool
         self._rt = rt = _lifetime.start(

@@ -279,7 +279,7 @@ def decode_exception(payload: bytes) -> BaseException:
     return exc
 
 
-_FRAME = re.compile(r'^  File "(.+)", line (\d+), in ')
+_FRAME = r'^  File "(.+)", line (\d+), in '  # compiled at the first remote error (re caches it)
 
 
 def with_source(tb: str) -> str:
@@ -290,7 +290,7 @@ def with_source(tb: str) -> str:
     out: list[str] = []
     for i, line in enumerate(lines):
         out.append(line)
-        m = _FRAME.match(line)
+        m = re.match(_FRAME, line)
         if m is None or (i + 1 < len(lines) and lines[i + 1].startswith("    ")):
             continue
         source = linecache.getline(m.group(1), int(m.group(2))).strip()

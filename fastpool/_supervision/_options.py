@@ -107,8 +107,10 @@ def check(
         memory_limit=limit,
         memory_interval_s=memory_interval_s,
         leak_threshold=_sizing.parse_memory(leak_threshold) if leak_threshold is not None else None,
+        # a fraction stays one until the supervisor's first memory check: reading /proc and
+        # the cgroup files here cost a first pool ~1 ms on its way to a first result
         min_available=(
-            _sizing.parse_memory(min_available_memory) if min_available_memory is not None else None
+            _sizing.check_memory(min_available_memory) if min_available_memory is not None else None
         ),
         available_memory=_sizing.available_memory_bytes,
     )

@@ -52,8 +52,11 @@ __all__ = [
     "available_memory_bytes",
     "meminfo_bytes",
     "parse_memory",
+    "check_memory",
+    "memory_bytes",
     "default_workers",
     "blas_thread_env",
+    "threads_per_worker",
     "BLAS_THREAD_VARS",
     "StrPath",
     "read_or_none",
@@ -416,7 +419,8 @@ _UNITS: dict[str, int] = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+# compiled at first use (re caches it), not by every import: ~0.2 ms
+_MEMORY_PATTERN = r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$"
 _MEMORY_ADVICE = (
     'give an int number of bytes, a string such as "2GB", "512MiB", "1.5G" or "100k" '
     "(kB/MB/GB are powers of 1000; K/M/G and KiB/MiB/GiB powers of 1024), or a float "
@@ -440,6 +444,14 @@ def parse_memory(value: int | float | str, *, root: StrPath = "/") -> int:
     an unknown unit, or a float outside (0, 1]; ``TypeError`` for other types,
     ``bool`` included.
     """
+    return memory_bytes(check_memory(value), root=root)
+
+
+def check_memory(value: int | float | str) -> int | float:
+    """``parse_memory`` without reading this process's memory: bytes (int) for an int or a
+    size string, the fraction itself (float) for a float, for ``memory_bytes`` to resolve
+    later.  Lets a Pool refuse a bad amount at once and read /proc and the cgroup files
+    off its first result's path.  Raises as ``parse_memory`` does."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise TypeError(
             f"memory amount must be int, float or str, not {type(value).__name__}: {_MEMORY_ADVICE}"
@@ -454,8 +466,8 @@ def parse_memory(value: int | float | str, *, root: StrPath = "/") -> int:
                 f"memory amount {value!r}: a float is a fraction of this process's memory and must "
                 f"be in (0, 1]; for bytes pass int({value!r}) or a string; {_MEMORY_ADVICE}"
             )
-        return max(1, int(total_memory_bytes(root) * value))
-    match = _MEMORY_RE.match(value)
+        return value
+    match = re.match(_MEMORY_PATTERN, value)
     if match is None:
         raise ValueError(f"cannot read memory amount {value!r}; {_MEMORY_ADVICE}")
     number, unit = match.groups()
@@ -469,6 +481,14 @@ def parse_memory(value: int | float | str, *, root: StrPath = "/") -> int:
     if nbytes < 1:
         raise ValueError(f"memory amount {value!r} is under one byte; {_MEMORY_ADVICE}")
     return nbytes
+
+
+def memory_bytes(amount: int | float, *, root: StrPath = "/") -> int:
+    """What ``check_memory`` returned, in bytes: a fraction becomes that share of
+    ``total_memory_bytes()`` (at least 1), which reads /proc and the cgroup files."""
+    if isinstance(amount, float):
+        return max(1, int(total_memory_bytes(root) * amount))
+    return amount
 
 
 def default_workers(
@@ -488,6 +508,16 @@ def default_workers(
     return max(1, workers)
 
 
+def threads_per_worker(workers: int, root: StrPath = "/") -> int:
+    """``max(1, usable_cpus() // workers)``: the BLAS threads each of ``workers`` gets.
+    The cgroup files are read only when the affinity mask leaves room for two threads
+    per worker, since a quota can only lower the count; a pool with a worker per CPU
+    (the default) gets 1 without them."""
+    if _affinity_cpus() < 2 * workers:
+        return 1
+    return max(1, usable_cpus(root) // workers)
+
+
 def blas_thread_env(
     workers: int, *, environ: Mapping[str, str] | None = None, root: StrPath = "/"
 ) -> dict[str, str]:
@@ -502,5 +532,5 @@ def blas_thread_env(
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers!r}")
     env = os.environ if environ is None else environ
-    threads = str(max(1, usable_cpus(root) // workers))
+    threads = str(threads_per_worker(workers, root))
     return {name: threads for name in BLAS_THREAD_VARS if name not in env}

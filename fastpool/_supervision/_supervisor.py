@@ -43,7 +43,7 @@ from fastpool import errors, telemetry
 from fastpool._runtime import _codec, _template
 from fastpool._runtime._events import Fate, Happened, SlotEvent
 from fastpool._runtime._lazy import LazyModule
-from fastpool._supervision import _policy
+from fastpool._supervision import _policy, _sizing
 from fastpool._supervision._slot import Slot, stats_row
 
 if TYPE_CHECKING:
@@ -71,7 +71,8 @@ class Supervisor:
 
     ``settings`` holds the pool's supervision options: task_timeout,
     hang_timeout, start_timeout, memory_limit, memory_interval_s, leak_threshold,
-    min_available, available_memory (a callable)."""
+    min_available (bytes, or a fraction of memory until the first check), available_memory
+    (a callable)."""
 
     def __init__(
         self,
@@ -663,6 +664,8 @@ class Supervisor:
         if floor is None:
             return
         try:
+            if isinstance(floor, float):  # a fraction: resolved here, off a first result's path
+                floor = self.settings["min_available"] = _sizing.memory_bytes(floor)
             avail = self.settings["available_memory"]()
         except Exception:  # noqa: BLE001 - a reading we cannot take pauses nothing
             return

@@ -282,6 +282,33 @@ def test_dispatch_pauses_under_memory_pressure_and_resumes(monitor):
         assert not p.stats()["dispatch_paused"] and p.stats()["paused"] == 1
 
 
+def test_a_fractional_memory_floor_is_resolved_by_the_supervisor_not_the_constructor(
+    monitor, monkeypatch
+):
+    from fastpool._supervision import _sizing
+
+    readers: list[str] = []
+    total = _sizing.total_memory_bytes
+
+    def counted(*args, **kwargs):
+        readers.append(threading.current_thread().name)
+        return total(*args, **kwargs)
+
+    monkeypatch.setattr(_sizing, "total_memory_bytes", counted)
+    # all of memory as the floor: what is available is always less, so dispatch pauses
+    with fastpool.Pool(1, min_available_memory=1.0, memory_interval_s=0.02) as p:
+        assert readers == []  # the constructor left the fraction a fraction
+        wait_for(lambda: p.stats()["dispatch_paused"], 10, "dispatch to pause")
+        assert readers == ["fastpool-supervisor"]
+        assert p._settings["min_available"] == total()  # resolved once, in bytes
+        fut = p.submit(_tasks.double, 21)
+        monitor.wait_ticks()
+        assert not fut.done()  # held back by the resolved floor
+        p._settings["available_memory"] = lambda: 2 * total()
+        assert fut.result(timeout=30) == 42
+        assert readers == ["fastpool-supervisor"]
+
+
 def test_workers_auto_respects_the_memory_budget():
     from fastpool._supervision import _sizing
 

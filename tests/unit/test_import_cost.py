@@ -208,11 +208,19 @@ def test_a_first_pool_that_sampled_memory_has_not_imported_psutil_or_cloudpickle
     assert loaded_after(_FIRST_POOL, names) == set()
 
 
-def test_a_first_pool_loads_the_machinery_but_not_socket_py() -> None:
+def test_a_first_pool_loads_the_machinery_but_not_socket_py_or_the_map_engine() -> None:
     # the template's socket pair uses the C module: socket.py costs ~2 ms of a first
-    # pool before its template's fork
-    names = ("fastpool._supervision._supervisor", "fastpool._runtime._template", "socket")
+    # pool before its template's fork; the map engine (~1 ms, its sizing and chunking
+    # classes) comes with the first map
+    names = (
+        "fastpool._supervision._supervisor",
+        "fastpool._runtime._template",
+        "socket",
+        "fastpool._runtime._mapper",
+    )
     assert loaded_after(_FIRST_POOL, names) == set(names[:2])
+    mapped = textwrap.dedent(_FIRST_POOL) + "\nwith fastpool.Pool(1) as p:\n    p.map(abs, [-1])\n"
+    assert "fastpool._runtime._mapper" in loaded_after(mapped, names)
 
 
 def test_a_spawned_template_does_not_load_the_parents_machinery() -> None:

@@ -399,6 +399,22 @@ def test_parse_memory_strings(text: str, expected: int) -> None:
     assert parse_memory(text) == expected
 
 
+def test_check_memory_keeps_a_fraction_until_memory_bytes_resolves_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = v2_root(tmp_path, {"memory.max": str(2 * 2**30)})
+
+    def unread(*args: object, **kwargs: object) -> int:
+        raise AssertionError("check_memory read this process's memory")
+
+    with monkeypatch.context() as m:
+        m.setattr(_sizing, "total_memory_bytes", unread)
+        assert _sizing.check_memory(0.25) == 0.25
+        assert _sizing.check_memory("1KiB") == 1024
+    assert _sizing.memory_bytes(0.25, root=root) == _sizing.total_memory_bytes(root) // 4
+    assert _sizing.memory_bytes(4096, root=root) == 4096
+
+
 def test_parse_memory_int_is_bytes() -> None:
     assert parse_memory(4096) == 4096
     assert parse_memory(1) == 1  # the int 1 is a byte, unlike the float 1.0
@@ -487,6 +503,24 @@ def test_blas_threads_split_the_cpus_between_workers(tmp_path: Path) -> None:
 def test_blas_threads_follow_the_cgroup_quota(tmp_path: Path) -> None:
     root = v2_root(tmp_path, {"cpu.max": "100000 100000"})
     assert set(blas_thread_env(1, environ={}, root=root).values()) == {"1"}
+
+
+def test_threads_per_worker_reads_no_cgroup_file_with_a_cpu_or_less_per_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_sizing, "_affinity_cpus", lambda: 4)
+
+    def unread(*args: object, **kwargs: object) -> int:
+        raise AssertionError("usable_cpus() read the cgroup files")
+
+    with monkeypatch.context() as m:
+        m.setattr(_sizing, "usable_cpus", unread)
+        assert _sizing.threads_per_worker(3) == 1
+        assert _sizing.threads_per_worker(4) == 1
+        assert _sizing.threads_per_worker(9) == 1
+    root = v2_root(tmp_path, {"cpu.max": "300000 100000"})  # a quota of 3 CPUs
+    assert _sizing.threads_per_worker(1, root) == 3
+    assert _sizing.threads_per_worker(2, root) == 1
 
 
 def test_blas_threads_leave_a_user_setting_alone() -> None:
