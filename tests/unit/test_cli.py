@@ -172,6 +172,27 @@ def test_a_row_whose_rounds_spread_over_ten_percent_is_flagged() -> None:
     assert "!" in rows["mp.Pool"] and "!" not in rows["**fastpool**"]
 
 
+def test_a_round_of_short_calls_is_sized_by_warm_calls_not_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastpool._bench import runner
+
+    clock = [0.0]
+    durations = iter([5e-3] + [3e-4] * 10_000)  # a cold first call, then warm ones
+
+    def call() -> int:
+        clock[0] += next(durations)
+        return 1
+
+    monkeypatch.setattr(runner.time, "perf_counter", lambda: clock[0])
+    case = scenarios.Case("s", "g", "fastpool", build=lambda peer: call, rounds=2)
+    peer = type("Peer", (), {"start_method": "fork"})()
+    result = runner.measure(case, peer)
+    # a 5 ms first call would have sized rounds of 4 calls
+    assert result.extra["calls_per_round"] == runner.MAX_INNER
+    assert result.rounds == pytest.approx([3e-4, 3e-4])
+
+
 def test_p99_comes_from_every_call_of_a_latency_row() -> None:
     r = _result("h", "fastpool", [1e-5], samples=[1e-5] * 99 + [1e-3])
     assert r.p99 == 1e-3 and report.fmt_time(r.p99) == "1.00 ms"
