@@ -10,8 +10,9 @@
                           So a peer's rounds come from N processes, interleaved with the
                           others': a mode a process falls into (where the scheduler put its
                           threads, say) shows as spread, not as one peer's luck.
-    measure(case, peer)   warm-up call (its result checked), a few warm calls that size
-                          a round of short calls, then the timed rounds
+    measure(case, peer)   warm-up call (its result checked), for short calls a round's
+                          worth of warm-up whose last calls size a round, then the timed
+                          rounds
 
 Each round of a "rounds" case is one call, timed with perf_counter; a "latency" case
 times every call of a round and keeps them (for the p99), the round's median being its
@@ -40,7 +41,8 @@ from fastpool._bench.scenarios import IN_PROCESS, SPAWN_REFERENCE, Case, catalog
 
 ROUND_MIN_S = 0.02
 MAX_INNER = 50
-CALIBRATION_CALLS = 5  # warm calls that size a round of short calls
+CALIBRATION_CALLS = 5  # the last warm calls size a round of short calls
+MAX_WARMUP_CALLS = 500  # ...after a round's worth (ROUND_MIN_S) of them, at most this many
 
 
 @dataclass
@@ -131,18 +133,21 @@ def measure(case: Case, peer: _peers.Peer) -> Result:
             result.samples.extend(lat)
     else:
         # Calls shorter than ROUND_MIN_S are repeated within a round (timeit's calibration):
-        # one 300 us call is at the mercy of a single scheduler tick.  Sized by warm calls,
-        # not the first: a pool's first calls with arrays fault in fresh arena pages and
-        # take ms, and a round of 3 such calls measured the start, not the scenario (1 MiB
-        # by value read 0.28-4.5 ms across processes, 0.2-0.4 ms warm).
+        # one 300 us call is at the mercy of a single scheduler tick.  First a round's worth
+        # of warm-up (pyperf's warmups), then the round is sized by the last warm calls, not
+        # the first: after the previous row's pause, the first few calls of any pool here
+        # wait milliseconds for an idle vCPU to wake (1 MiB by value: 1-4 ms for 2-7 calls,
+        # then 0.2-0.3 ms), and rounds sized and run in that spell measured the VM's wake-up.
         call_s = first_s
         if first_s < ROUND_MIN_S:
-            warm = []
-            for _ in range(CALIBRATION_CALLS):
+            warm: list[float] = []
+            while len(warm) < CALIBRATION_CALLS or (
+                sum(warm) < ROUND_MIN_S and len(warm) < MAX_WARMUP_CALLS
+            ):
                 t0 = time.perf_counter()
                 call()
                 warm.append(time.perf_counter() - t0)
-            call_s = statistics.median(warm)
+            call_s = statistics.median(warm[-CALIBRATION_CALLS:])
         inner = max(1, min(MAX_INNER, int(ROUND_MIN_S / max(call_s, 1e-9))))
         for _ in range(case.rounds):
             t0 = time.perf_counter()

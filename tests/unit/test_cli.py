@@ -172,13 +172,14 @@ def test_a_row_whose_rounds_spread_over_ten_percent_is_flagged() -> None:
     assert "!" in rows["mp.Pool"] and "!" not in rows["**fastpool**"]
 
 
-def test_a_round_of_short_calls_is_sized_by_warm_calls_not_the_first(
+def test_a_round_of_short_calls_follows_a_rounds_worth_of_warm_up_and_is_sized_by_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from fastpool._bench import runner
 
     clock = [0.0]
-    durations = iter([5e-3] + [3e-4] * 10_000)  # a cold first call, then warm ones
+    # a cold first call, a spell of slow ones (an idle vCPU waking), then warm ones
+    durations = iter([5e-3] + [2e-3] * 6 + [3e-4] * 10_000)
 
     def call() -> int:
         clock[0] += next(durations)
@@ -188,7 +189,7 @@ def test_a_round_of_short_calls_is_sized_by_warm_calls_not_the_first(
     case = scenarios.Case("s", "g", "fastpool", build=lambda peer: call, rounds=2)
     peer = type("Peer", (), {"start_method": "fork"})()
     result = runner.measure(case, peer)
-    # a 5 ms first call would have sized rounds of 4 calls
+    # sized by the first call: rounds of 4; by the first five after it: 10, timed in the spell
     assert result.extra["calls_per_round"] == runner.MAX_INNER
     assert result.rounds == pytest.approx([3e-4, 3e-4])
 
