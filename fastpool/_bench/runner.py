@@ -135,9 +135,9 @@ def measure(case: Case, peer: _peers.Peer) -> Result:
         # Calls shorter than ROUND_MIN_S are repeated within a round (timeit's calibration):
         # one 300 us call is at the mercy of a single scheduler tick.  First a round's worth
         # of warm-up (pyperf's warmups), then the round is sized by the last warm calls, not
-        # the first: after the previous row's pause, the first few calls of any pool here
-        # wait milliseconds for an idle vCPU to wake (1 MiB by value: 1-4 ms for 2-7 calls,
-        # then 0.2-0.3 ms), and rounds sized and run in that spell measured the VM's wake-up.
+        # the first: after the previous row's pause, the first few calls of a pool here
+        # wait milliseconds to be scheduled (1 MiB by value: 1-4 ms for 2-7 calls, then
+        # 0.2-0.3 ms), and rounds sized and run in that spell measured the wait, not the row.
         call_s = first_s
         if first_s < ROUND_MIN_S:
             warm: list[float] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 from pathlib import Path
 
 import numpy as np
@@ -185,7 +186,8 @@ def test_a_round_of_short_calls_follows_a_rounds_worth_of_warm_up_and_is_sized_b
         clock[0] += next(durations)
         return 1
 
-    monkeypatch.setattr(runner.time, "perf_counter", lambda: clock[0])
+    # runner's own clock, not the time module's: other threads keep the real one
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     case = scenarios.Case("s", "g", "fastpool", build=lambda peer: call, rounds=2)
     peer = type("Peer", (), {"start_method": "fork"})()
     result = runner.measure(case, peer)
