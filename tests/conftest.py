@@ -59,6 +59,30 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+PEER_SUITES_OPTION = "--peer-suites"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        PEER_SUITES_OPTION,
+        action="store_true",
+        help="also run the tests marked peer_suite: other projects' own suites (CPython's "
+        "multiprocessing pool tests, joblib's) through their adapters; .ci/run runs them in "
+        "a step of their own, after the README's test command",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the peers' own suites unless --peer-suites is given: they take minutes each, and
+    the README's test command must stay under 10 minutes (.ci/run runs them next)."""
+    if config.getoption(PEER_SUITES_OPTION):
+        return
+    skip = pytest.mark.skip(reason="a peer's own suite: run with --peer-suites (.ci/run does)")
+    for item in items:
+        if item.get_closest_marker("peer_suite") is not None:
+            item.add_marker(skip)
+
+
 # ---- pools -------------------------------------------------------------------------
 
 
