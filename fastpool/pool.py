@@ -500,23 +500,24 @@ class Pool(Executor):
 
     def terminate_workers(self) -> None:
         """Python 3.14's ``ProcessPoolExecutor.terminate_workers()``, on every Python:
-        SIGTERM to every live worker, then ``shutdown(wait=False, cancel_futures=True)``.
+        ``shutdown(wait=False, cancel_futures=True)``, then SIGTERM to every live worker.
 
         A task a worker was running fails with ``WorkerCrashed`` (a ``BrokenProcessPool``);
-        queued tasks are cancelled or fail with ``BrokenPool``; later ``submit`` raises
-        ``PoolClosed``.  Returns without waiting; idempotent and thread-safe."""
-        self._force_shutdown(signal.SIGTERM)
+        tasks a worker held but had not started fail with ``BrokenPool``, queued ones are
+        cancelled: none of them runs, and no replacement worker starts.  Later ``submit``
+        raises ``PoolClosed``.  Returns without waiting; idempotent and thread-safe."""
+        self._force_shutdown(signal.SIGTERM, "terminate_workers")
 
     def kill_workers(self) -> None:
         """Python 3.14's ``ProcessPoolExecutor.kill_workers()``: as ``terminate_workers``,
         with SIGKILL.  Thread-safe."""
-        self._force_shutdown(signal.SIGKILL)
+        self._force_shutdown(signal.SIGKILL, "kill_workers")
 
-    def _force_shutdown(self, sig: int) -> None:
-        # signalled first, while the pool runs: each death is judged as a crash of the task
-        # its worker ran, which then fails
-        self._sup.signal_workers(sig)
+    def _force_shutdown(self, sig: int, method: str) -> None:
+        # the queue first, as ProcessPoolExecutor does: nothing queued reaches a worker
+        # that is about to die; then each death is judged as forced (nothing requeued)
         self.shutdown(wait=False, cancel_futures=True)
+        self._sup.force_stop(sig, f"Pool.{method}() sent {signal.Signals(sig).name}")
 
     def drain(self) -> None:
         """Settles every accepted task (none is cancelled or lost), then tears down.

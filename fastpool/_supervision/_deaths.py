@@ -47,6 +47,22 @@ def corrupt_fates(tasks: list[Any], slot: int, pid: int, detail: str | None) -> 
     ]
 
 
+def dropped_fates(tasks: list[Any], slot: int, pid: int, detail: str) -> list[FateOf]:
+    """Tasks a worker held but had not started when Pool.terminate_workers()/kill_workers()
+    stopped it: the pool is going away, so they fail rather than run on a replacement."""
+    return [
+        (
+            t,
+            Fate.FAIL,
+            errors.BrokenPool(
+                f"task {t.id} was held by worker {slot} (pid {pid}) when {detail}; it never "
+                "started and does not run"
+            ),
+        )
+        for t in tasks
+    ]
+
+
 def victim_of(
     tasks: list[Any], current: int, kill: Kill | None, exitcode: int | None, stopping: bool
 ) -> Any:

@@ -94,6 +94,7 @@ class Supervisor:
         self.slots = [Slot(i, breaker_factory()) for i in range(nslots)]
         self.lock = threading.RLock()
         self.stopping = False
+        self.forced = False  # terminate_workers/kill_workers: nothing starts or runs again
         self.paused = False
         self.last_available: int | None = None
         self._deaths: deque[tuple[int, int, int | None]] = deque()
@@ -265,9 +266,13 @@ class Supervisor:
             if kill is not None and kill.cause is _verdict.Cause.CORRUPT:
                 fates, tasks = _deaths.corrupt_fates(tasks, slot.id, pid, kill.detail), []
             victim = _deaths.victim_of(tasks, current, kill, exitcode, self.stopping)
-            # never started: back to the front
-            fates += [(t, Fate.REQUEUE, None) for t in tasks if t is not victim]
-            planned = self.stopping or (kill is not None and kill.cause.planned)
+            held = [t for t in tasks if t is not victim]
+            if self.forced:
+                how = kill.detail if kill is not None else "the pool's workers were stopped"
+                fates += _deaths.dropped_fates(held, slot.id, pid, how)
+            else:  # never started: back to the front
+                fates += [(t, Fate.REQUEUE, None) for t in held]
+            planned = self.stopping or self.forced or (kill is not None and kill.cause.planned)
             if planned and victim is None:
                 slot.state, slot.pid, slot.retiring = "dead", None, False
                 if kill is not None and kill.cause is _verdict.Cause.RETIRED and not self.stopping:
@@ -283,7 +288,10 @@ class Supervisor:
             self.tel.crash(rec)
             if victim is not None and facts is not None:
                 fates.append(_deaths.victim_fate(victim, death, cause, detail, facts, result))
-            if cause.verdict:
+            if self.forced:
+                slot.pid, slot.state = None, "dead"
+                restart = "no replacement starts"
+            elif cause.verdict:
                 # The worker was healthy; fastpool stopped it for its task.
                 slot.pid, slot.state = None, "backing_off"
                 self._add_timer(time.monotonic(), "respawn", slot.id)
@@ -541,7 +549,7 @@ class Supervisor:
             while self._timers and self._timers[0][0] <= now:
                 due.append(heapq.heappop(self._timers))
             for _, _, what, sid in due:
-                if self.stopping:
+                if self.stopping or self.forced:
                     return
                 slot = self.slots[sid]
                 if what == "respawn":  # after a verdict: no breaker
@@ -712,11 +720,15 @@ class Supervisor:
                     except (ProcessLookupError, OSError):
                         pass
 
-    def signal_workers(self, sig: int) -> None:
-        """Sends ``sig`` to every live worker (Pool.terminate_workers/kill_workers)."""
+    def force_stop(self, sig: int, detail: str) -> None:
+        """Pool.terminate_workers/kill_workers: ``sig`` to every live worker.  From now on no
+        worker starts, and what a dead worker held fails (_judge): the task it ran with
+        WorkerCrashed, those it had not started with BrokenPool; none runs again."""
         with self.lock:
+            self.forced = True
             for slot in self.slots:
                 if slot.pidfd is not None:
+                    slot.kill = _verdict.Kill(_verdict.Cause.TERMINATED, None, detail)
                     try:
                         signal.pidfd_send_signal(slot.pidfd, sig)
                     except (ProcessLookupError, OSError):

@@ -38,6 +38,7 @@ class Cause(enum.Enum):
     CANCELLED = "cancelled"  # fastpool killed it: pool.cancel(force=True)
     COLLATERAL = "collateral"  # a kill meant for a task that had just finished
     STOPPED = "stop"  # shutdown
+    TERMINATED = "terminated"  # fastpool signalled it: Pool.terminate_workers()/kill_workers()
     RETIRED = "retire"  # max_tasks_per_worker or leak_threshold
 
     @property
@@ -53,7 +54,7 @@ class Cause(enum.Enum):
     @property
     def by_fastpool(self) -> bool:
         """fastpool sent the signal (counted as a kill in stats, not a crash)."""
-        return self in _VERDICTS or self in (Cause.CORRUPT, Cause.START_TIMEOUT)
+        return self in _VERDICTS or self in (Cause.CORRUPT, Cause.START_TIMEOUT, Cause.TERMINATED)
 
 
 _VERDICTS = frozenset((Cause.TIMEOUT, Cause.HUNG, Cause.MEMORY, Cause.CANCELLED, Cause.COLLATERAL))
@@ -120,8 +121,8 @@ def cause_of(death: Death, victim: TaskFacts | None) -> tuple[Cause, str]:
 def outcome(cause: Cause, task: TaskFacts) -> str:
     """ "retry", "fail" or "poison".  fastpool's own kills are verdicts on the task,
     never retried; a crash retries a pure task once."""
-    if cause.verdict and cause is not Cause.COLLATERAL:
-        return "fail"
+    if (cause.verdict and cause is not Cause.COLLATERAL) or cause is Cause.TERMINATED:
+        return "fail"  # TERMINATED: the pool is going away, nothing runs again
     if task.options is None:
         return "fail"
     return _policy.crash_outcome(task.options, task.attempts + 1, task.transferred)
@@ -222,6 +223,7 @@ def sentence(
         Cause.CANCELLED: "was killed to cancel its task (pool.cancel(force=True))",
         Cause.COLLATERAL: f"was killed by fastpool ({detail})",
         Cause.STOPPED: "was stopped",
+        Cause.TERMINATED: f"was stopped at once ({detail})",
         Cause.RETIRED: "was retired",
     }[cause]
     who = f"fastpool: worker {death.slot} (pid {death.pid}) {how}"

@@ -72,3 +72,33 @@ def test_terminate_and_kill_workers_stop_running_and_queued_work(method, tmp_pat
     pool.shutdown(wait=True)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def _mark(path: str) -> None:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+
+
+@pytest.mark.parametrize("method", ["terminate_workers", "kill_workers"])
+def test_terminate_and_kill_workers_run_nothing_a_worker_had_prefetched(method, tmp_path):
+    """Issue 23, defect 11: the tasks a worker held but had not started die with it; they
+    are neither requeued nor run on a replacement (Python 3.14: they fail)."""
+    pool = fastpool.Pool(1)
+    for _ in range(40):  # short tasks: the worker gets to hold several (prefetch > 1)
+        pool.submit(os.getpid).result(timeout=60)
+    assert pool.stats()["prefetch"] >= 2
+    started = tmp_path / "started"
+    running = pool.submit(_announce_then_sleep, str(started), 60)
+    held = [pool.submit(_mark, str(tmp_path / f"held-{i}")) for i in range(3)]
+    while not started.exists() or not started.read_text():
+        time.sleep(0.01)
+    while pool.stats()["workers"][0]["assigned"] < 2:  # a task is prefetched behind it
+        time.sleep(0.01)
+    getattr(pool, method)()
+    with pytest.raises(BrokenExecutor):
+        running.result(timeout=30)
+    for f in held:
+        assert f.cancelled() or isinstance(f.exception(timeout=30), BrokenExecutor)
+    pool.shutdown(wait=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["started"]  # none of them ran
+    assert pool.stats()["crashed"] + pool.stats()["killed"] <= 1
