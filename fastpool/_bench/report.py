@@ -6,7 +6,7 @@
     dump / load             --json: raw samples and metadata, and back
     compare(old, new)       asv-style Before / After / Ratio per row
     figure(results)         the ratios to mp.Pool as a matplotlib Figure (fastpool[plot])
-    plot(results, path)     that figure as a PNG
+    plot(results, path)     that figure as a PNG (default_plot_path: where --plot alone writes)
 
 "x mp.Pool" is multiprocessing.Pool's median time in the same scenario over the row's:
 above 1 the row is faster. The geometric mean of a peer takes its plain rows (no
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 from collections import OrderedDict
@@ -299,6 +300,23 @@ REFERENCE_ROWS = {
 }
 BASELINE_LABEL = "multiprocessing.Pool = 1.00x (baseline)"
 UNSTABLE_LABEL = f"! faded: unstable, rounds spread over {100 * UNSTABLE_SPREAD:.0f}% of the median"
+# The pools' colours: tab10 without its grey, which is the unstable rows' (faded) grey and
+# the references' edge; then tab20's light shades, its greys left out too.
+_TAB10 = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
+    "#17becf",
+)  # fmt: skip
+_TAB20_LIGHT = (
+    "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d",
+    "#9edae5",
+)  # fmt: skip
+POOL_COLOURS = _TAB10 + _TAB20_LIGHT
+
+
+def is_reference(r: Result) -> bool:
+    """A reference row, not a pool: the compute alone in-process (``in-process`` and its
+    variants, ``in-process [shared pages]``), or the bare spawn."""
+    return r.peer in REFERENCE_ROWS
 
 
 def figure(results: list[Result], title: str = "") -> Any:
@@ -307,7 +325,8 @@ def figure(results: list[Result], title: str = "") -> Any:
     Bars run from 1 (multiprocessing.Pool, drawn in each block as a diamond at 1.00x on the
     labelled baseline) to each row's ratio on a log axis whose limits hold every bar and its
     value: right of the line is faster, left slower. The reference rows (the compute alone
-    in-process, a bare spawn) are hatched and unfilled, named as references in the legend,
+    in-process, on NumPy's array or on shared pages, and a bare spawn) are hatched and unfilled,
+    named as references in the legend and beside the bar, never in a pool's colour,
     and a row whose rounds spread beyond UNSTABLE_SPREAD is faded and marked ``!``. Artists
     carry gids (``baseline``, ``mp:<group>``, ``bar:<group>:<label>``, ``reference:...`` and
     ``value:...`` for the written ratio) so that tests can read the structure back."""
@@ -329,12 +348,18 @@ def figure(results: list[Result], title: str = "") -> Any:
             r.label
             for rows in groups.values()
             for r, _ in rows
-            if r.label not in REFERENCE_ROWS and r.label != REFERENCE
+            if not is_reference(r) and r.label != REFERENCE
         },
         key=lambda s: (not s.startswith("fastpool"), s),
     )
-    colours = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(peers)}
-    order = [*peers, REFERENCE, *REFERENCE_ROWS]
+    colours = {lab: POOL_COLOURS[i % len(POOL_COLOURS)] for i, lab in enumerate(peers)}
+
+    def order(r: Result) -> tuple[int, str]:
+        """Pools, then the baseline, then the references (a reference's variants by name)."""
+        if is_reference(r):
+            return len(peers) + 1 + list(REFERENCE_ROWS).index(r.peer), r.label
+        return (peers.index(r.label) if r.label in peers else len(peers)), r.label
+
     values = [v for rows in groups.values() for _, v in rows] + [1.0]
     # Room on both sides for the value written beside the outermost bars (log axis).
     lo, hi = min(values) / 6.0, max(values) * 6.0
@@ -343,7 +368,7 @@ def figure(results: list[Result], title: str = "") -> Any:
     y = 0.0
     ticks, names = [], []
     for group, rows in reversed(groups.items()):
-        rows.sort(key=lambda row: order.index(row[0].label), reverse=True)
+        rows.sort(key=lambda row: order(row[0]), reverse=True)
         top = y
         for r, value in rows:
             shaky = (r.spread or 0.0) > UNSTABLE_SPREAD
@@ -360,7 +385,7 @@ def figure(results: list[Result], title: str = "") -> Any:
                     gid=f"mp:{group}",
                 )
                 text = "1.00x mp.Pool (baseline)" + (" !" if shaky else "")
-            elif r.label in REFERENCE_ROWS:
+            elif is_reference(r):
                 ax.barh(
                     y,
                     abs(value - 1.0),
@@ -386,7 +411,7 @@ def figure(results: list[Result], title: str = "") -> Any:
                     gid=f"bar:{key}",
                 )
             right = value >= 1.0
-            if r.label == REFERENCE or (r.label in REFERENCE_ROWS and not right):
+            if r.label == REFERENCE or (is_reference(r) and not right):
                 at, right = 1.2, True  # clear of the diamond; a long label must not leave the axes
             else:
                 at = max(value, 1.0) * 1.06 if right else value / 1.06
@@ -422,10 +447,10 @@ def figure(results: list[Result], title: str = "") -> Any:
             edgecolor="dimgray",
             hatch="////",
             linestyle="--",
-            label=REFERENCE_ROWS[lab],
+            label=REFERENCE_ROWS[peer],
         )
-        for lab in REFERENCE_ROWS
-        if any(r.label == lab for rows in groups.values() for r, _ in rows)
+        for peer in REFERENCE_ROWS
+        if any(r.peer == peer for rows in groups.values() for r, _ in rows)
     ]
     if any((r.spread or 0.0) > UNSTABLE_SPREAD for rows in groups.values() for r, _ in rows):
         handles.append(Patch(color="gray", alpha=0.45, label=UNSTABLE_LABEL))
@@ -434,6 +459,16 @@ def figure(results: list[Result], title: str = "") -> Any:
     )
     fig.tight_layout()
     return fig
+
+
+def default_plot_path() -> str:
+    """Where ``--plot`` without a path writes: ``fastpool-bench-<time>-<pid>.png`` in the
+    temporary directory. Not the current directory, which is often a checkout, where a
+    stray PNG shows as an untracked file."""
+    import tempfile
+
+    name = f"fastpool-bench-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.png"
+    return os.path.join(tempfile.gettempdir(), name)
 
 
 def plot(results: list[Result], path: str, title: str = "") -> None:

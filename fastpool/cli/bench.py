@@ -1,7 +1,7 @@
 """``python -m fastpool bench``: fastpool against the installed peers, or your own function.
 
     python -m fastpool bench [--quick] [--peers mp,ppe,loky,joblib] [--json out.json]
-                             [--plot out.png] [--compare old.json] [--processes N]
+                             [--plot [out.png]] [--compare old.json] [--processes N]
     python -m fastpool bench --compare old.json new.json      (no run: two files)
     python -m fastpool bench --user my_module:my_func --args 'range(10_000)'
 
@@ -65,8 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write raw samples and metadata to PATH")
     p.add_argument(
         "--plot",
+        nargs="?",
+        const="",
         metavar="PATH",
-        help="write a PNG of the ratios to multiprocessing.Pool (needs fastpool[plot])",
+        help="write a PNG of the ratios to multiprocessing.Pool to PATH (needs fastpool[plot]); "
+        "without PATH, to a new file in the temporary directory, never into the current "
+        "directory (a checkout, say): the path is printed",
     )
     p.add_argument(
         "--compare",
@@ -142,12 +146,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--workers must be at least 1")
     if args.processes is not None and args.processes < 1:
         parser.error("--processes must be at least 1")
-    if args.plot:
+    if args.plot is not None:
         try:
             report.require_matplotlib()
         except ImportError as exc:
             print(f"python -m fastpool bench: {exc}", file=sys.stderr)
             return 2
+        args.plot = args.plot or report.default_plot_path()
     if args.compare and len(args.compare) > 2:
         parser.error("--compare takes OLD.json, or OLD.json NEW.json")
     old = None

@@ -124,6 +124,23 @@ def test_plot_writes_a_png(bench_json: tuple[Path, str], tmp_path: Path) -> None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="needs matplotlib (fastpool[plot])")
+def test_plot_without_a_path_writes_to_the_temporary_directory_not_the_current_one(
+    bench_json: tuple[Path, str], tmp_path: Path
+) -> None:
+    path, _ = bench_json
+    here, temp = tmp_path / "checkout", tmp_path / "tmp"
+    here.mkdir()
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(PKG.parent)}
+    done = fastpool_cli("bench", "--compare", str(path), str(path), "--plot", cwd=here, env=env)
+    assert done.returncode == 0, done.stderr
+    assert list(here.iterdir()) == []
+    (png,) = temp.glob("fastpool-bench-*.png")
+    assert f"plot written to {png}" in done.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_bench_user_suggests_workers_and_a_chunk_size(tmp_path: Path) -> None:
     (tmp_path / "userwork.py").write_text("def cube(x):\n    return x ** 3\n")
     done = fastpool_cli(

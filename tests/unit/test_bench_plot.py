@@ -16,7 +16,7 @@ import pytest
 
 from fastpool._bench import report
 from fastpool._bench.runner import Result
-from fastpool._bench.scenarios import IN_PROCESS, SPAWN_REFERENCE
+from fastpool._bench.scenarios import IN_PROCESS, SHARED_PAGES, SPAWN_REFERENCE
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None,
@@ -58,6 +58,7 @@ RESULTS = [
     _row("arrays", "fastpool", 1 / 11),
     _row("arrays", "fastpool", 1 / 50, variant="empty", idiom=True),
     _row("arrays", IN_PROCESS, 1 / 98),
+    _row("arrays", IN_PROCESS, 1 / 60, variant=SHARED_PAGES, idiom=True),
     _row("start", "mp.Pool", 1.0),
     _row("start", "fastpool", 1 / 0.19),
     _row("start", "loky", 1 / 0.06),
@@ -93,7 +94,11 @@ def test_the_baseline_is_drawn_in_every_scenario_and_labelled(fig: Any) -> None:
 
 def test_references_are_hatched_unfilled_and_named_as_references(fig: Any) -> None:
     refs = _by_gid(fig, "reference:")
-    assert set(refs) == {f"reference:arrays:{IN_PROCESS}", f"reference:start:{SPAWN_REFERENCE}"}
+    assert set(refs) == {
+        f"reference:arrays:{IN_PROCESS}",
+        f"reference:arrays:{IN_PROCESS} [{SHARED_PAGES}]",
+        f"reference:start:{SPAWN_REFERENCE}",
+    }
     for bar in refs.values():
         assert bar.get_hatch() and bar.get_facecolor()[3] == 0.0  # hatched, no fill
     peers = _by_gid(fig, "bar:")
@@ -101,6 +106,20 @@ def test_references_are_hatched_unfilled_and_named_as_references(fig: Any) -> No
     assert f"bar:arrays:{IN_PROCESS}" not in peers
     assert "in-process reference, not a pool" in _legend(fig)
     assert "not a pool" in _by_gid(fig, "value:")[f"value:arrays:{IN_PROCESS}"].get_text()
+
+
+def test_the_shared_pages_reference_is_no_pool_bar_and_no_pool_is_drawn_in_grey(fig: Any) -> None:
+    from matplotlib.colors import to_rgb
+
+    shared = f"{IN_PROCESS} [{SHARED_PAGES}]"
+    values = _by_gid(fig, "value:")
+    assert f"bar:arrays:{shared}" not in _by_gid(fig, "bar:")
+    assert values[f"value:arrays:{shared}"].get_text().endswith(f"{shared}: reference, not a pool")
+    legend = _legend(fig)
+    assert shared not in legend and legend.count("in-process reference, not a pool") == 1
+    for bar in _by_gid(fig, "bar:").values():  # grey is the unstable rows' and the references'
+        r, g, b = to_rgb(bar.get_facecolor())
+        assert max(r, g, b) - min(r, g, b) > 0.05, f"{bar.get_gid()} is grey"
 
 
 def test_the_axis_is_logarithmic_and_holds_every_bar_with_its_value(fig: Any) -> None:
@@ -131,3 +150,27 @@ def test_plot_writes_the_figure_as_a_png(tmp_path: Path) -> None:
     path = tmp_path / "ratios.png"
     report.plot(RESULTS, str(path), "test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_pool_is_drawn_in_grey_however_many_rows_there_are() -> None:
+    """A full run has nine pool rows (six of them fastpool's idioms): tab10's eighth colour,
+    grey, would make one of them look like a faded unstable row or a reference."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    idioms = ["", "share", "empty", "arrays", "fill", "default chunksize"]
+    rows = [_row("arrays", "mp.Pool", 1.0)]
+    rows += [
+        _row("arrays", "fastpool", 1 / (5 + i), variant=v, idiom=bool(v))
+        for i, v in enumerate(idioms)
+    ]
+    rows += [_row("arrays", p, 1 / 1.2) for p in ("PPE", "loky", "joblib")]
+    figure = report.figure(rows, "test")
+    try:
+        bars = _by_gid(figure, "bar:")
+        assert len(bars) == 9
+        for bar in bars.values():
+            r, g, b = to_rgb(bar.get_facecolor())
+            assert max(r, g, b) - min(r, g, b) > 0.05, f"{bar.get_gid()} is grey"
+    finally:
+        plt.close(figure)
