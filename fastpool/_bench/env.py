@@ -93,6 +93,62 @@ def git_commit(pkg_dir: Path | None = None) -> str | None:
 
 
 BUSY_LOAD_PER_CPU = 0.5
+RUNNABLE_SAMPLES = 5  # procs_running is a snapshot: the median of a few, 10 ms apart
+
+
+def procs_running() -> int | None:
+    """Processes runnable right now, machine-wide (``procs_running`` of /proc/stat; the
+    reader itself is one of them); None where there is no /proc/stat."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("procs_running "):
+                return int(line.split()[1])
+    return None
+
+
+def machine_load(usable: int | None = None) -> dict[str, Any]:
+    """What else runs on the CPUs: the load averages (1, 5, 15 min), the median of a few
+    ``procs_running`` samples less this reader, and the regime they make, "busy" when the
+    1-minute load or the other runnable processes exceed BUSY_LOAD_PER_CPU of the usable
+    CPUs, else "quiet". A fact that cannot be read is None and does not count."""
+    import statistics
+    import time
+
+    try:
+        loadavg: tuple[float, ...] | None = tuple(os.getloadavg())
+    except (AttributeError, OSError):
+        loadavg = None
+    samples = []
+    for i in range(RUNNABLE_SAMPLES):
+        if i:
+            time.sleep(0.01)
+        n = procs_running()
+        if n is not None:
+            samples.append(n)
+    others = max(0, round(statistics.median(samples)) - 1) if samples else None
+    cpus = usable or _sizing.usable_cpus()
+    limit = BUSY_LOAD_PER_CPU * cpus
+    busy = (loadavg is not None and loadavg[0] > limit) or (others is not None and others > limit)
+    return {
+        "loadavg": loadavg,
+        "runnable_others": others,
+        "usable_cpus": cpus,
+        "regime": "busy" if busy else "quiet",
+    }
+
+
+def describe_load(load: dict[str, Any]) -> str:
+    """``load average 1.10 / 0.80 / 0.52, 2 other runnable processes, on 2 usable CPUs:
+    busy`` (one line for a report)."""
+    avg = load.get("loadavg")
+    others = load.get("runnable_others")
+    parts = [
+        "load average " + (" / ".join(f"{x:.2f}" for x in avg) if avg else "unknown"),
+        "runnable processes unknown"
+        if others is None
+        else f"{others} other runnable process{'es' if others != 1 else ''}",
+    ]
+    return f"{', '.join(parts)}, on {load.get('usable_cpus')} usable CPUs: {load['regime']}"
 
 
 def busy_warning(usable: int | None = None) -> str | None:

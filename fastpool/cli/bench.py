@@ -204,6 +204,7 @@ def _standard(
     processes = args.processes or (QUICK_PROCESSES if args.quick else PROCESSES)
     if not cases:
         parser.error(f"--only {args.only!r} selects no scenario")
+    load_start = _env.machine_load()
     busy = _env.busy_warning()
     if busy:
         print(busy, file=sys.stderr)
@@ -217,6 +218,8 @@ def _standard(
     finally:
         progress.done()
     took = time.perf_counter() - t0
+    load_end = _env.machine_load()
+    regime = "busy" if "busy" in (load_start["regime"], load_end["regime"]) else "quiet"
     env = _env.environment()
     mode = "--quick" if args.quick else "full"
     print(
@@ -235,6 +238,10 @@ def _standard(
     failed = report.failures(results)
     for line in failed:
         print(f"\nFAILED: {line}")
+    print(
+        f"\nregime: {regime} (at the start: {_env.describe_load(load_start)}; at the end: "
+        f"{_env.describe_load(load_end)})"
+    )
     print("\n" + _env.footer(env))
     meta = {
         "argv": shlex.join(sys.argv),
@@ -244,6 +251,8 @@ def _standard(
         "peers": names,
         "skipped": skipped,
         "seconds": round(took, 1),
+        "regime": regime,
+        "load": {"start": load_start, "end": load_end},
     }
     if args.json:
         report.dump(results, env, meta, args.json)

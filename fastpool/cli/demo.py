@@ -10,7 +10,9 @@ multiprocessing.Pool in this run, on this machine (about 10 s on two cores).
                             one future with its own error while the pool carries on; the
                             same SIGKILL on multiprocessing.Pool, for contrast
     5. cleanup              no /dev/shm file, no worker left
-    summary                 every ratio above, from this run's measurements
+    summary                 every ratio above, from this run's measurements, and the regime:
+                            the machine's load (load average, runnable processes) at the
+                            start and at the end, "busy" if either was
 
 Every result is checked bit for bit against the same computation in this process.
 Functions the workers run live at module level here, so both pools unpickle them by
@@ -33,7 +35,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from fastpool._bench import tasks
-from fastpool._bench.env import busy_warning
+from fastpool._bench.env import busy_warning, describe_load, machine_load
 from fastpool.cli._demo_parts import (
     RESULT_WAIT_S,
     SPIN_LIMIT_S,
@@ -358,6 +360,22 @@ def mp_crash(say: Callable[..., None], workers: int, summary: list[str]) -> None
         mp.join()
 
 
+def regime_report(start: dict[str, Any], end: dict[str, Any]) -> tuple[str, list[str]]:
+    """(regime, summary lines) from env.machine_load() at the start and at the end: "busy"
+    if either was, since a load that came or went during the run was in its timings."""
+    regime = "busy" if "busy" in (start["regime"], end["regime"]) else "quiet"
+    lines = [
+        f"regime: {regime} (at the start: {describe_load(start)};",
+        f"        at the end: {describe_load(end)})",
+    ]
+    if regime == "busy":
+        lines.append(
+            "other programs shared the CPUs: the ratios above are this load's, not a quiet "
+            "machine's (docs/quickstart.md gives both)"
+        )
+    return regime, lines
+
+
 def run_demo(workers: int | None = None, out: TextIO = sys.stdout) -> int:
     """Runs the whole demo, writing to ``out``.  Returns 0 if every check passed, else 1."""
     import fastpool
@@ -371,16 +389,18 @@ def run_demo(workers: int | None = None, out: TextIO = sys.stdout) -> int:
     logging.getLogger("fastpool").propagate = False
     workers = workers or _sizing.default_workers()
     summary: list[str] = []
-    busy: str | None = None
+    load_start: dict[str, Any] = {"regime": "quiet"}
     try:
         blas = ", ".join(f"{v}={os.environ.get(v, 'unset')}" for v in BLAS_ENV_VARS)
         say(
             f"fastpool {fastpool.__version__} demo: {workers} workers for both pools "
             f"({_sizing.usable_cpus()} usable CPUs); {blas}"
         )
+        load_start = machine_load()
+        say(f"machine at the start: {describe_load(load_start)}")
         busy = busy_warning()
         if busy:
-            say(busy)
+            say(busy)  # the same threshold as the regime's; this says what it does to timings
         batches = make_batches(BATCHES)
         process_batch(batches[0])  # the first call pays FFT and LAPACK set-up
         serial_s, reference = _timed(lambda: [process_batch(b) for b in batches])
@@ -421,14 +441,13 @@ def run_demo(workers: int | None = None, out: TextIO = sys.stdout) -> int:
         logging.getLogger("fastpool").removeHandler(quiet)
         logging.getLogger("fastpool").propagate = True
     say()
+    regime, lines = regime_report(load_start, machine_load())
     say(
         "Summary: fastpool.Pool against multiprocessing.Pool, "
-        f"{workers} workers each, measured above"
+        f"{workers} workers each, measured above on a {regime} machine"
     )
-    for line in summary:
+    for line in summary + lines:
         say(f"   {line}")
-    if busy:
-        say("   (the machine was busy: see the warning at the top)")
     failed = check.failed
     total = time.perf_counter() - t_start
     if failed:

@@ -413,3 +413,42 @@ def test_the_bench_warns_when_fresh_processes_would_compile_fastpool(monkeypatch
     assert warning is not None and "compileall" in warning and "__init__.py" in warning
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     assert env.bytecode_warning() is None  # a fresh process writes its own .pyc
+
+
+def _load(avg: float, others: int | None) -> dict:
+    return {"loadavg": (avg, avg, avg), "runnable_others": others, "usable_cpus": 2}
+
+
+def test_the_regime_is_busy_when_the_load_or_the_runnable_processes_exceed_half_the_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastpool._bench import env
+
+    for avg, running, want in ((0.2, 1, "quiet"), (1.3, 1, "busy"), (0.2, 4, "busy")):
+        monkeypatch.setattr(env.os, "getloadavg", lambda avg=avg: (avg, 0.5, 0.25))
+        monkeypatch.setattr(env, "procs_running", lambda running=running: running)
+        load = env.machine_load(usable=2)
+        assert load["regime"] == want, (avg, running)
+        assert load["runnable_others"] == running - 1  # the reader is not another program
+    assert env.describe_load(load) == (
+        "load average 0.20 / 0.50 / 0.25, 3 other runnable processes, on 2 usable CPUs: busy"
+    )
+
+
+@pytest.mark.linux
+def test_procs_running_is_read_from_proc_stat() -> None:
+    from fastpool._bench import env
+
+    running = env.procs_running()
+    assert isinstance(running, int) and running >= 1  # this process is running
+
+
+def test_the_demo_names_its_regime_from_the_load_at_both_ends() -> None:
+    quiet = {**_load(0.1, 0), "regime": "quiet"}
+    busy = {**_load(3.3, 4), "regime": "busy"}
+    regime, lines = demo.regime_report(quiet, quiet)
+    assert regime == "quiet" and "load average 0.10 / 0.10 / 0.10" in lines[0]
+    assert not any("other programs shared" in line for line in lines)
+    regime, lines = demo.regime_report(quiet, busy)
+    assert regime == "busy" and "4 other runnable processes" in lines[1]
+    assert any("this load's, not a quiet machine's" in line for line in lines)
