@@ -95,13 +95,31 @@ static inline int fp_futex_wake(fp_a32 *word, int n)
  * FP_PEER_OTHER spins the caller's whole budget, FP_PEER_SAME yields once (the
  * partner may be runnable right here) and parks.  Only FP_PEER_UNKNOWN (no
  * partner has published yet) uses the adaptive cap.  A stale or forged tag
- * costs time, never correctness: the wait after the spin is the same. */
+ * costs time, never correctness: the wait after the spin is the same.
+ *
+ * Where the partner ran does not say whether it runs now, nor whether this
+ * thread keeps its own CPU while it spins.  On a busy host (two CPU-bound
+ * processes on 2 vCPUs) every spin's yield handed the vCPU to the other
+ * process for its whole slice, and a thread that spins is no longer a sleeper
+ * the scheduler lets preempt it at wakeup: round trips read 2-4 ms, against
+ * 16-46 us with no spin at all.  So a spin that finds the clock jumped between
+ * two of its steps (FP_SPIN_PREEMPT_NS: it was off its CPU, someone else's
+ * work ran there) stops, and this thread parks at once, without spinning or
+ * yielding, for FP_SPIN_CALM_MIN_NS; each spin after that which is preempted
+ * again doubles the spell (up to FP_SPIN_CALM_MAX_NS), and a spin that steps
+ * without losing its CPU ends it (mutex_spin_on_owner() likewise stops the
+ * moment the owner is not on a CPU, and it spins only while it holds its own). */
 #define FP_SPIN_FREE INT64_MAX        /* cap: the caller's budget decides */
 #define FP_SPIN_MIN_NS 2000           /* a cap below this is no spin */
 #define FP_SPIN_WIDE_NS 200000        /* a cap above this is the caller's budget */
 #define FP_SPIN_PROBE_NS 10000
 #define FP_SPIN_PROBE_EVERY 16u
 #define FP_SPIN_MISS_WINDOW_NS 20000  /* a park this soon after a spin step ends that spin */
+#ifndef FP_SPIN_PREEMPT_NS /* a test on a loaded machine sets it out of reach */
+#define FP_SPIN_PREEMPT_NS 50000      /* a step (64 pauses and a yield: 1-3 us) this long was off-CPU */
+#endif
+#define FP_SPIN_CALM_MIN_NS 2000000   /* after a preempted spin: no spin for 2 ms, */
+#define FP_SPIN_CALM_MAX_NS 64000000  /* doubling while probes are preempted too */
 
 enum { FP_PEER_UNKNOWN = 0, FP_PEER_SAME = 1, FP_PEER_OTHER = 2 };
 #define FP_SPIN_YIELD_ONCE (-1)       /* cap: one sched_yield, then park */
@@ -138,9 +156,19 @@ typedef struct {
     unsigned active;   /* a spin began and has not parked yet */
     unsigned stepped;  /* ...and it stepped at least once */
     unsigned since_probe;
+    int64_t calm_until; /* no spin before this clock: the last spins lost their CPU */
+    int64_t calm_ns;    /* the spell the next preempted spin starts (0: none so far) */
 } fp_spin_state_t;
 
-static _Thread_local fp_spin_state_t fp_spin_state = {FP_SPIN_FREE, 0, 0, 0, 0, 0};
+static _Thread_local fp_spin_state_t fp_spin_state = {FP_SPIN_FREE, 0, 0, 0, 0, 0, 0, 0};
+
+/* This thread's spin was preempted at clock now: park without spinning for a spell. */
+static inline void fp_spin_preempted(fp_spin_state_t *t, int64_t now)
+{
+    int64_t spell = t->calm_ns ? 2 * t->calm_ns : FP_SPIN_CALM_MIN_NS;
+    t->calm_ns = spell > FP_SPIN_CALM_MAX_NS ? FP_SPIN_CALM_MAX_NS : spell;
+    t->calm_until = now + t->calm_ns;
+}
 
 static inline void fp_spin_learn(fp_spin_state_t *t, int hit)
 {
@@ -165,6 +193,11 @@ static inline void fp_spin_init(fp_spin_t *s, int peer)
     s->steps = 0;
     if (t->active)
         fp_spin_learn(t, 1); /* the last spin returned without parking */
+    if (s->start < t->calm_until) { /* this CPU is someone else's too: park at once */
+        t->active = 0;
+        s->cap = 0;
+        return;
+    }
     if (peer != FP_PEER_UNKNOWN) { /* the partner's CPU decides; nothing to learn */
         t->active = 0;
         s->cap = peer == FP_PEER_SAME ? FP_SPIN_YIELD_ONCE : FP_SPIN_FREE;
@@ -187,17 +220,28 @@ static inline void fp_spin_step(fp_spin_t *s)
 {
     fp_spin_state.stepped = 1;
     if (s->cap <= 0) { /* fp_spin_state.last is still the clock read at init */
-        if (s->cap == FP_SPIN_YIELD_ONCE)
+        if (s->cap == FP_SPIN_YIELD_ONCE) {
             sched_yield();
+            int64_t now = fp_now_ns();
+            if (now - s->now >= FP_SPIN_PREEMPT_NS) /* the yield ran more than our partner */
+                fp_spin_preempted(&fp_spin_state, now);
+        }
         fp_spin_stop(s);
         return;
     }
     fp_cpu_relax();
     if ((++s->steps & 63u) == 0) {
+        int64_t before = s->now;
         sched_yield();
         s->now = fp_spin_state.last = fp_now_ns();
-        if (s->now - s->start >= s->cap)
+        if (s->now - before >= FP_SPIN_PREEMPT_NS) {
+            fp_spin_preempted(&fp_spin_state, s->now);
             fp_spin_stop(s);
+        } else {
+            fp_spin_state.calm_ns = 0; /* a step that kept its CPU: spinning works here now */
+            if (s->now - s->start >= s->cap)
+                fp_spin_stop(s);
+        }
     }
 }
 

@@ -8,6 +8,10 @@
 #include <unistd.h>
 
 #include "check.h"
+/* This machine is shared and busy: a spin preempted by someone else's work would
+ * start a calm spell (no spin) in the middle of the spin tests below.  Out of reach
+ * here; the spell itself is tested by setting it (a_preempted_spin_parks_at_once). */
+#define FP_SPIN_PREEMPT_NS (INT64_MAX / 4)
 #include "fp_futex.h"
 
 #define MS 1000000LL
@@ -352,6 +356,45 @@ TEST(the_partners_cpu_decides_the_spin_when_known)
     fp_store32_release(&flag, 1);
     CHECK_EQ(spin_wait_peer(&flag, &ev, 50000, &steps, FP_PEER_SAME), 1);
     CHECK_EQ(steps, 0u); /* data already there: no yield at all */
+}
+
+/* A spin that lost its CPU (someone else's work ran on it) stops, and the thread
+ * parks at once, with no spin and no yield, whatever its partner's CPU says, for
+ * a spell that doubles while probes are preempted too and ends at the first spin
+ * step that keeps its CPU. */
+TEST(a_preempted_spin_parks_at_once_for_a_spell_that_doubles)
+{
+    static fp_event_t ev;
+    static fp_a32 flag;
+    unsigned steps;
+    fp_store32_release(&flag, 0);
+    fp_spin_state.cap = FP_SPIN_FREE;
+    fp_spin_state.active = 0;
+    fp_spin_state.calm_ns = 0;
+    int64_t now = fp_now_ns();
+    fp_spin_preempted(&fp_spin_state, now);
+    CHECK_EQ(fp_spin_state.calm_ns, FP_SPIN_CALM_MIN_NS);
+    CHECK_EQ(fp_spin_state.calm_until, now + FP_SPIN_CALM_MIN_NS);
+    fp_spin_state.calm_until = fp_now_ns() + 5000 * MS; /* well inside the spell */
+    int peers[] = {FP_PEER_OTHER, FP_PEER_SAME, FP_PEER_UNKNOWN};
+    for (int i = 0; i < 3; i++) {
+        int64_t t0 = fp_now_ns();
+        spin_wait_peer(&flag, &ev, 50 * MS, &steps, peers[i]);
+        CHECK_EQ(steps, 1u); /* the first step ends it: no spin, no yield */
+        CHECK(fp_now_ns() - t0 < 40 * MS); /* not its 50 ms budget */
+    }
+    fp_store32_release(&flag, 1);
+    CHECK_EQ(spin_wait_peer(&flag, &ev, 50 * MS, &steps, FP_PEER_OTHER), 1); /* data: seen */
+    fp_store32_release(&flag, 0);
+    fp_spin_preempted(&fp_spin_state, fp_now_ns());
+    CHECK_EQ(fp_spin_state.calm_ns, 2 * FP_SPIN_CALM_MIN_NS);
+    for (int i = 0; i < 20; i++)
+        fp_spin_preempted(&fp_spin_state, fp_now_ns());
+    CHECK_EQ(fp_spin_state.calm_ns, FP_SPIN_CALM_MAX_NS);
+    fp_spin_state.calm_until = 0; /* the spell is over: a probe spins, keeps its CPU here */
+    spin_wait_peer(&flag, &ev, 2 * FP_SPIN_PROBE_NS, &steps, FP_PEER_OTHER);
+    CHECK(steps >= 64u);
+    CHECK_EQ(fp_spin_state.calm_ns, 0); /* ...which ends the doubling */
 }
 
 int main(int argc, char **argv) { return check_main(argc, argv); }
