@@ -376,8 +376,8 @@ cdef class Board:
             with nogil:
                 fp_ringv_wait_space(r, seen, 50000000)
         if rc == FP_TOOBIG:
-            raise ring_limit_error(
-                f"the result of task {task_id}", n, self.max_record,
+            raise ring_limit_error(  # the board knows wire ids only: the caller names the task
+                "a result", n, self.max_record,
                 "return large arrays through a shared array (pool.empty) instead")
         check(rc, "push result")
         fp_board_notify_parent(fp_boardv_board(self._v))

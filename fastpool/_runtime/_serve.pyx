@@ -166,6 +166,8 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
             if handed is not None:
                 handed.release()
             flags = 0
+            if isinstance(exc, errors.SerializationError):  # named by the id stats() shows
+                exc = errors.SerializationError(f"the result of task {wire >> 3}", exc.reason)
             err = encode_exception(exc)
             sent = board.put_result(slot, FP_R_ERR, wire, fp_now_ns() - t0, PyBytes_AS_STRING(err),
                                     PyBytes_GET_SIZE(err), RESULT_WAIT_NS) == 1

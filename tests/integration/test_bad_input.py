@@ -236,6 +236,24 @@ def test_an_argument_over_the_ring_limit_fails_submit_while_the_worker_is_busy(
         assert_unharmed(pool, pids)
 
 
+def test_a_result_over_the_ring_limit_names_its_task_as_stats_does(tmp_path: Path) -> None:
+    """Issue 23, defect 15: one task, one id.  The message named the wire id (the id
+    shifted left by 3, with the attempt in the low bits: 32 for task 4)."""
+    started, gate = tmp_path / "started", tmp_path / "open"
+    with make_pool(1, ring_bytes=1 << 16) as pool:
+        pids = ready(pool)
+        for i in range(3):  # ids past 1, where an id and its wire id differ
+            assert pool.submit(abs, -i).result(timeout=RESULT_S) == i
+        fut = pool.submit(_tasks.announce_then_gate, str(started), str(gate), 100_000)
+        wait_for(started.exists, what="the task to start")
+        shown = pool.stats()["workers"][0]["current_task"]
+        gate.touch()
+        with pytest.raises(fastpool.SerializationError, match="ring limit") as info:
+            fut.result(timeout=RESULT_S)
+        assert re.findall(r"\btask (\d+)", str(info.value)) == [str(shown)], str(info.value)
+        assert_unharmed(pool, pids)
+
+
 # ---- a closed pool -----------------------------------------------------------------
 
 
