@@ -5,6 +5,7 @@
         set_accepting / slot_view / task_on / settle_death / set_paused / set_circuit
     the caller -> cancel (Pool.cancel), drop_cancelled (a queued future's cancel())
     shutdown -> close, cancel_queued, abandon, set_torn_down
+    a forked child -> disown
     stats -> depth, inflight, queued, tasks, counts, samples
 
 Dispatcher is the class the pool makes: _dispatch.DispatchCore (the path of a task
@@ -16,6 +17,8 @@ core's locks in its order (see fastpool/_runtime/_dispatch.pyx).
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport uint64_t
 
+from concurrent.futures._base import FINISHED as _FINISHED
+
 from fastpool._runtime._events import Fate
 
 from fastpool._runtime._dispatch cimport DispatchCore
@@ -23,6 +26,10 @@ from fastpool._runtime._slots cimport HELD_FLAGGED, HELD_KILL
 from fastpool._runtime._task cimport (
     C_RETRIED, END_CANCELLED, END_FAILED, END_INLINE, END_REPLY, Task, is_done, run_callbacks,
 )
+
+cdef extern from "Python.h":
+    void PyObject_GC_Track(object)
+    int PyObject_GC_IsTracked(object)
 
 cdef object _FATE_REQUEUE = Fate.REQUEUE
 cdef object _FATE_RETRY = Fate.RETRY
@@ -254,6 +261,26 @@ cdef class Dispatcher(DispatchCore):
     def set_torn_down(self):
         self.torn_down = True
         self.board.kick()
+
+    def disown(self, exc_factory):
+        """In a forked child (``Runtime.disown``, from an at-fork hook): this copy of the
+        dispatcher never drives again, and every future it had not settled fails here with
+        exc_factory(task), so the child's ``result()``, ``wait`` and ``as_completed`` end
+        at once instead of reading the board, whose pages the parent's workers still write
+        until the child touches them.  The parent's copies are untouched.
+
+        Takes no lock and runs no callback: a thread of the parent may have held either
+        at the fork, and neither the callbacks nor the waiters' threads are this
+        process's.  The child runs one thread, so no other one can race these writes."""
+        self._closed = True
+        self.torn_down = True
+        for task in list(self._inflight.values()):
+            fut = (<Task>task).future
+            if fut is not None and not is_done(fut):
+                if not PyObject_GC_IsTracked(fut):  # an exception may lead back to it
+                    PyObject_GC_Track(fut)
+                fut._exception = exc_factory(task)
+                fut._state = _FINISHED
 
     # ---- views ------------------------------------------------------------------------
 

@@ -185,6 +185,7 @@ class Runtime:
         self.lock = threading.Lock()
         self.stopping = False
         self.disowned = False  # a forked child's copy of the parent's pool: never touched
+        self.owner_pid = os.getpid()
         self.torn_down = threading.Event()
         self.handoff = threading.Event()
         self.supervisor_thread = threading.Thread(
@@ -212,11 +213,22 @@ class Runtime:
             self.teardown()
 
     def disown(self) -> None:
-        """In a forked child: closed for submits, and every teardown path a no-op."""
+        """In a forked child: closed for submits, every teardown path a no-op, no future
+        of the parent's driven here (each unsettled one fails with PoolClosed), and no
+        worker signalled (the child's copies of the pidfds are closed)."""
         self.disowned = self.stopping = True
         self.torn_down.set()
-        self.disp.close()
+        self.disp.disown(self._not_the_owner)
+        self.sup.disown()
         self.board.disown()  # the arena disowns itself (fastpool/_native/_arena.pyx)
+
+    def _not_the_owner(self, task: Any) -> BaseException:
+        return errors.PoolClosed(
+            f"task {task.id} belongs to a pool of process {self.owner_pid}; this process "
+            f"(pid {os.getpid()}) was forked from it and holds a copy of its future, which "
+            "only that process can wait for: wait before the fork, or send the result "
+            "to the child"
+        )
 
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
         if self.disowned:

@@ -26,6 +26,7 @@ dispatcher's.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -719,6 +720,16 @@ class Supervisor:
                         signal.pidfd_send_signal(slot.pidfd, signal.SIGINT)
                     except (ProcessLookupError, OSError):
                         pass
+
+    def disown(self) -> None:
+        """In a forked child: its copies of the workers' pidfds are closed (the parent's
+        stay open), so that no path of this copy can signal the parent's workers.  Takes
+        no lock: a thread of the parent may have held it at the fork."""
+        for slot in self.slots:
+            pidfd, slot.pidfd = slot.pidfd, None
+            if pidfd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(pidfd)
 
     def force_stop(self, sig: int, detail: str) -> None:
         """Pool.terminate_workers/kill_workers: ``sig`` to every live worker.  From now on no

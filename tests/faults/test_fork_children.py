@@ -7,6 +7,7 @@ memory after fork()."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import sys
 import _arrays
 import numpy as np
 import pytest
+from _tasks import announce_then_gate
+from _waiting import wait_for, wait_workers_ready
 from conftest import make_pool
 
 import fastpool
@@ -97,3 +100,40 @@ def test_a_task_that_forks_keeps_its_hook_arrays_copy_on_write():
     with make_pool(1) as p:
         seen = p.submit(_arrays.fork_writes_stay_in_the_child, 1 << 18).result(timeout=RESULT_S)
     assert seen == dict(in_arena=True, child_ok=True, seen=float(1 << 18))
+
+
+def test_a_forked_childs_result_on_an_inherited_future_leaves_the_parents_worker_alone(
+    pool, tmp_path
+):
+    """Issue 23, defect 10: the child's result() on a future it inherited unsettled raises
+    PoolClosed at once, and so ends its wait(); it never drives its copy of the board (whose
+    pages the worker still writes) nor signals the worker through the inherited pidfds.
+    A future settled before the fork keeps its value in the child.  The child opens the
+    task's gate itself, so that the worker writes its reply while the child waits."""
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    pids = sorted(wait_workers_ready(pool))
+    done = pool.submit(abs, -7)
+    assert done.result(timeout=RESULT_S) == 7
+    fut = pool.submit(announce_then_gate, str(started), str(gate))
+    wait_for(started.exists, what="the task to start")
+    queued = pool.submit(abs, -3)
+
+    def wait_in_child() -> bool:
+        gate.touch()
+        try:
+            fut.result(timeout=RESULT_S)  # before the fix: "", and the parent's worker killed
+        except fastpool.PoolClosed as exc:
+            ok = "forked" in str(exc)
+        else:
+            return False
+        with pytest.raises(fastpool.PoolClosed):
+            queued.result()  # no timeout: before the fix, a hang
+        waited = concurrent.futures.wait([fut, queued], timeout=RESULT_S)
+        return ok and not waited.not_done and done.result(timeout=0) == 7
+
+    assert _in_child(wait_in_child) == 0
+    assert fut.result(timeout=RESULT_S) == ""
+    assert queued.result(timeout=RESULT_S) == 3
+    stats = pool.stats()
+    assert (stats["crashed"], stats["killed"]) == (0, 0), stats["crashes"]
+    assert sorted(pool.pids()) == pids
