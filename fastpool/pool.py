@@ -256,15 +256,19 @@ class Pool(Executor):
         )
 
     def cancel(self, future: Future[Any], *, force: bool = False) -> bool:
-        """Cancels a task, whether it is queued, prefetched by a worker, or running.
+        """Stops a task if it can without the task's help; else asks the task to stop.
 
-        Queued or prefetched (a worker holds it but has not started it): dropped,
-        never run; the future is cancelled.  Running, ``force=False``: sets a flag
-        the task can poll with ``fastpool.cancelled()``; when it returns, the future
-        is cancelled.  Running, ``force=True``: the worker is killed and replaced,
-        and the future is cancelled.  A cancelled future behaves as
-        ``Future.cancel()`` leaves it (``cancelled()`` True, ``result()`` raises
-        ``CancelledError``).  Returns False if the future had already finished.
+        True when the task is stopped by this call: queued or prefetched (a worker holds
+        it but has not started it), it is dropped and never runs, and the future is
+        cancelled now; running with ``force=True``, its worker is killed and replaced, and
+        the future is cancelled as soon as the death is seen (``result()`` waits for that,
+        not for the task).  False when the future had already settled, and when the
+        task is running and ``force=False``: then only a flag is set, which the task can
+        poll with ``fastpool.cancelled()``.  The future stays running until the task
+        returns, and then ends cancelled (its result dropped); a task that never polls
+        runs to its end, and ``shutdown(wait=True)`` or a ``with`` block waits for it.
+        ``force=True`` stops it.  A cancelled future behaves as ``Future.cancel()``
+        leaves it (``cancelled()`` True, ``result()`` raises ``CancelledError``).
         Raises TypeError for a future of another pool.  Thread-safe."""
         if getattr(future, "_disp", None) is not self._disp:
             raise TypeError("pool.cancel() takes a future this pool returned")
@@ -273,7 +277,7 @@ class Pool(Executor):
         outcome, slot = self._disp.cancel(future, force)
         if outcome == "kill":
             self._sup.kill_for_cancel(slot, future._task.wire)  # type: ignore[attr-defined]
-        return outcome != "done"
+        return outcome in ("cancelled", "dropping", "kill")
 
     # Narrower than Executor.map on purpose: at least one iterable (none is a TypeError
     # at run time anyway), and fn's parameters checked against the iterables' items.

@@ -130,12 +130,19 @@ cdef class Dispatcher(DispatchCore):
                 (<Task>t).attempt += 1
                 self._ledger.add(C_RETRIED, 1)
             front = retries + [t for t, fate, _ in rulings if fate is _FATE_REQUEUE]
+            dropped = []
             for t in reversed(front):
-                if not (<Task>t).settled:  # cancelled while a worker held it: not run again
-                    self._queue.appendleft(t)
+                if (<Task>t).settled:  # cancelled while a worker held it: not run again
+                    continue
+                if (<Task>t).cancel_requested:  # pool.cancel() came between death and requeue
+                    dropped.append(t)
+                    continue
+                self._queue.appendleft(t)
             self._dispatch_locked()
         finally:
             self._release()
+        for t in dropped:
+            self._settle(<Task>t, END_CANCELLED, None, None, later)
         for t, fate, exc in rulings:
             if fate is _FATE_CANCEL:
                 self._settle(<Task>t, END_CANCELLED, None, None, later)
@@ -189,9 +196,11 @@ cdef class Dispatcher(DispatchCore):
 
     def cancel(self, fut, bint force):
         """Pool.cancel, below the future's own cancel().  Returns (outcome, slot):
-        "done" (it had settled: the caller returns False), "cancelled" (dropped
-        before it ran: True), "flagged" (running; the cooperative flag is set:
-        True) or "kill" (running; the caller kills slot's worker: True)."""
+        "done" (it had settled), "cancelled" (dropped before it ran, settled now),
+        "dropping" (its worker died and it waits for its requeue, which drops it and
+        settles it cancelled), "kill" (running; the caller kills slot's worker) or
+        "asked" (running; only the cooperative flag is set: the task runs on until it
+        returns, and is settled cancelled then)."""
         cdef Task task = fut._task
         cdef int s = -1
         self._acquire()
@@ -205,13 +214,13 @@ cdef class Dispatcher(DispatchCore):
                 try:
                     self._queue.remove(task)
                 except ValueError:
-                    return "flagged", -1  # between a worker's death and its requeue
+                    return "dropping", -1  # between a worker's death and its requeue
             else:
                 held = self._slots.cancel_held(s, task, force)
                 if held == HELD_KILL:
                     return "kill", s
                 if held == HELD_FLAGGED:
-                    return "flagged", s
+                    return "asked", s
         finally:
             self._release()
         self._settle(task, END_CANCELLED, None, None)

@@ -6,7 +6,8 @@ Where a task can be when it is cancelled, and what each way of cancelling does:
     prefetched (held, not started)   pool.cancel(force=False/True): dropped, never run;
                                      future.cancel(): False, it runs (as in
                                      ProcessPoolExecutor: a held task is RUNNING)
-    running                          pool.cancel(): the flag fastpool.cancelled() reads;
+    running                          pool.cancel(): False, only the flag
+                                     fastpool.cancelled() reads is set;
                                      force=True: the worker is killed and replaced
     finished                         False, the result stays
 
@@ -158,7 +159,7 @@ def test_cooperative_cancel_ends_as_a_cancelled_future(pool, tmp_path):
     wait_for(lambda: pool.stats()["workers"][0]["current_task"], what="the task to start")
     callbacks = []
     fut.add_done_callback(callbacks.append)
-    assert pool.cancel(fut) is True
+    assert pool.cancel(fut) is False  # only asked: it stops when the task reads the flag
     with pytest.raises(CancelledError):
         fut.result(timeout=30)
     assert fut.cancelled() and fut.done() and not fut.running()
@@ -179,6 +180,19 @@ def test_cooperative_cancel_ends_as_a_cancelled_future(pool, tmp_path):
         0,
     )
     assert pool.submit(double, 2).result(timeout=30) == 4
+
+
+def test_cancel_of_a_running_task_that_never_polls_says_it_did_not_stop_it(pool, tmp_path):
+    """Issue 23, defect 12: a cooperative cancel that no task reads is no stop.  It
+    returned True, while the future stayed pending until the task ended (and a `with`
+    block waited for it).  The future ends cancelled once the task returns."""
+    held = Held(pool, tmp_path)
+    assert pool.cancel(held.gate) is False
+    assert held.gate.running() and not held.gate.done()  # still running: nothing stopped it
+    held.open()
+    with pytest.raises(CancelledError):
+        held.gate.result(timeout=30)
+    assert pool.pids() == [held.pid]
 
 
 def test_force_cancel_of_a_running_task_is_a_kill_not_a_crash(pool, tmp_path, caplog):
