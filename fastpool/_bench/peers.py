@@ -8,6 +8,7 @@ pytest-benchmark suite (benchmarks/_peers.py re-exports this module and turns
     peer.warm()            run tasks until every worker has answered and imported numpy
     peer.submit(fn, *a)    -> object with .result(timeout=None)
     peer.map(fn, items, chunksize) -> list, ordered; chunksize=None is the peer's default
+    peer.map_iter(...)     the library's own map as a user iterates it (lazy or a list)
     peer.close()           shut down and join the workers
     open_peer(name, n)     context manager: construct, warm, always close, reap leftovers
     (memory.py: MemorySampler and peak_memory, the PSS of this process and its workers)
@@ -104,6 +105,11 @@ class Peer:
     def map(self, fn, items, chunksize=None) -> list:
         raise NotImplementedError
 
+    def map_iter(self, fn, items, chunksize=None):
+        """The peer's own map, iterated as a user would: lazy where the library's map is
+        (fastpool, the executors), a list where it is not (multiprocessing.Pool)."""
+        return iter(self.map(fn, items, chunksize))
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -163,6 +169,9 @@ class FastpoolPeer(Peer):
     def map(self, fn, items, chunksize=None) -> list:
         return list(self.pool.map(fn, items, chunksize=chunksize))
 
+    def map_iter(self, fn, items, chunksize=None):
+        return self.pool.map(fn, items, chunksize=chunksize)
+
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -196,6 +205,9 @@ class _ExecutorPeer(Peer):
 
     def map(self, fn, items, chunksize=None) -> list:
         return list(self.pool.map(fn, items, chunksize=chunksize or 1))
+
+    def map_iter(self, fn, items, chunksize=None):
+        return self.pool.map(fn, items, chunksize=chunksize or 1)
 
 
 class PpePeer(_ExecutorPeer):

@@ -32,6 +32,7 @@ JSON_FORMAT = "fastpool-bench/1"
 # asv marks a change beyond this factor as significant
 CHANGE_FACTOR = 1.1
 NOT_IN_GEOMEAN = (IN_PROCESS, SPAWN_REFERENCE)
+CONTENTION_PREFIX = "contention-"
 
 
 def best_rows(results: list[Result]) -> list[Result]:
@@ -47,17 +48,32 @@ def best_rows(results: list[Result]) -> list[Result]:
 
 
 def ratios(results: list[Result]) -> dict[tuple[str, str], float]:
-    """(scenario, label) -> mp.Pool's median over the row's, where mp.Pool ran."""
+    """(scenario, label) -> mp.Pool's median over the row's, where mp.Pool ran and both are
+    above 0 (a memory row's figure can be 0 or less: no ratio then)."""
     rows = best_rows(results)
     ref = {r.scenario: r.median for r in rows if r.label == REFERENCE}
-    return {(r.scenario, r.label): ref[r.scenario] / r.median for r in rows if r.scenario in ref}
+    return {
+        (r.scenario, r.label): ref[r.scenario] / r.median
+        for r in rows
+        if r.scenario in ref and ref[r.scenario] > 0 and r.median > 0
+    }
 
 
-def geomeans(results: list[Result]) -> dict[str, tuple[float, int]]:
-    """peer -> (geometric mean of its ratios to mp.Pool, how many scenarios), plain rows only."""
+def is_contention(scenario: str) -> bool:
+    """A row of the contention section (contention.py), under the load the bench makes."""
+    return scenario.startswith(CONTENTION_PREFIX)
+
+
+def geomeans(results: list[Result], contention: bool = False) -> dict[str, tuple[float, int]]:
+    """peer -> (geometric mean of its ratios to mp.Pool, how many scenarios), plain rows only:
+    of the quiet scenarios, or with ``contention`` of the contention section's timed ones
+    (its idle-cost and memory rows are no speed)."""
+    kinds = {r.scenario: r.kind for r in results}
     per_peer: dict[str, list[float]] = {}
-    for (_scenario, label), ratio in ratios(results).items():
+    for (scenario, label), ratio in ratios(results).items():
         if "[" in label or label in NOT_IN_GEOMEAN or label == REFERENCE:
+            continue
+        if is_contention(scenario) != contention or kinds.get(scenario) == "value":
             continue
         per_peer.setdefault(label, []).append(ratio)
     return {p: (math.exp(sum(map(math.log, v)) / len(v)), len(v)) for p, v in per_peer.items()}
@@ -70,6 +86,15 @@ def fmt_time(seconds: float) -> str:
             digits = 0 if value >= 100 else 1 if value >= 10 else 2
             return f"{value:,.{digits}f} {unit}"
     raise AssertionError("unreachable")
+
+
+def fmt_value(r: Result, value: float) -> str:
+    """A row's figure in its unit: a time, or a value case's CPU time per second or MiB."""
+    if r.value_unit == "MiB":
+        return f"{value:,.0f} MiB"
+    if r.value_unit == "CPU s/s":
+        return (fmt_time(value) if value > 0 else "0 s") + "/s"
+    return fmt_time(value)
 
 
 def fmt_ratio(ratio: float) -> str:
@@ -89,7 +114,8 @@ def fmt_processes(result: Result) -> str:
     if len(medians) < 2:
         return ""
     mid = statistics.median(medians)
-    return f"{fmt_time(medians[0])} / {fmt_time(mid)} / {fmt_time(medians[-1])} ({len(medians)})"
+    low, high = fmt_value(result, medians[0]), fmt_value(result, medians[-1])
+    return f"{low} / {fmt_value(result, mid)} / {high} ({len(medians)})"
 
 
 def fmt_rate(value: float, unit: str) -> str:
@@ -125,19 +151,25 @@ def table(results: list[Result]) -> str:
                 group if i == 0 else "",
                 f"**{r.label}**" if r.peer == "fastpool" and not r.idiom else r.label,
                 "" if r.idiom else r.variant,
-                fmt_time(r.median),
+                fmt_value(r, r.median),
                 fmt_spread(r.spread),
                 fmt_processes(r),
                 fmt_time(p99) if p99 is not None else "",
-                fmt_rate(r.ops / r.median, r.unit) if r.kind != "fresh" else "",
+                fmt_rate(r.ops / r.median, r.unit) if r.kind in ("rounds", "latency") else "",
                 fmt_ratio(ratio[(r.scenario, r.label)]) if (r.scenario, r.label) in ratio else "",
             ]
             if has_memory:
                 cells.append(str(r.extra["delta_mb"]) if "delta_mb" in r.extra else "")
             lines.append("| " + " | ".join(cells) + " |")
-    for peer, (value, n) in sorted(geomeans(results).items(), key=lambda kv: -kv[1][0]):
+    means = [("**geometric mean**", geomeans(results))]
+    means.append(("**geometric mean, contention**", geomeans(results, contention=True)))
+    for title, peer, (value, n) in (
+        (title, peer, got)
+        for title, of in means
+        for peer, got in sorted(of.items(), key=lambda kv: -kv[1][0])
+    ):
         cells = [
-            "**geometric mean**",
+            title,
             peer,
             f"{n} scenarios",
             "",
@@ -161,6 +193,18 @@ LEGEND = (
     "the proportional set size of the parent and its workers (shared pages split among sharers). "
     "[share], [empty], [arrays], [fill]: fastpool's shared-memory idioms; in-process: the "
     "compute alone (in-process [shared pages]: on an array in shared memory)."
+)
+CONTENTION_LEGEND = (
+    "contention, idle and memory rows (--section contention; docs/benchmarks.md): CPU hogs are "
+    "`while True: pass` in new interpreters, one per usable CPU, at the bench's own nice value, "
+    "running through the rows' warm-up and rounds and ended by pid after; the programs row "
+    "runs that many new interpreters, each with its own pool, timing round trips over the same "
+    "second, and shows the slowest one's median; idle: CPU time per second of the bench "
+    "process and every process under it (parent and workers, psutil cpu_times) over a window "
+    "after a settle, with nothing submitted; memory: PSS (psutil memory_full_info) of the "
+    "parent and its workers added by the batch over a baseline that holds the array and its "
+    "faulted output, at its peak and after the settle. For those two, x mp.Pool is still "
+    "mp.Pool's figure over the row's: above 1 costs less."
 )
 
 
@@ -238,8 +282,8 @@ def compare(
     worse = better = noisy = 0
     for key, a in after.items():
         b = before.get(key)
-        if b is None:
-            continue
+        if b is None or b.median <= 0 or a.median <= 0:
+            continue  # no ratio of a memory figure at or below 0
         ratio = a.median / b.median
         mark = " "
         if ratio > CHANGE_FACTOR:
@@ -250,7 +294,7 @@ def compare(
         worse += mark == "+"
         better += mark == "-"
         lines.append(
-            f"| {mark} | {fmt_time(b.median)} | {fmt_time(a.median)} | {ratio:.2f} | "
+            f"| {mark} | {fmt_value(b, b.median)} | {fmt_value(a, a.median)} | {ratio:.2f} | "
             f"{a.group} / {a.label} |"
         )
     only = sorted(set(before) ^ set(after))

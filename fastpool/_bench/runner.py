@@ -24,6 +24,7 @@ and the run goes on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -62,6 +63,7 @@ class Result:
     samples: list[float] = field(default_factory=list)  # latency: every call, for the p99
     extra: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    value_unit: str = ""  # kind "value": what the rounds hold ("CPU s/s", "MiB"); else seconds
 
     @classmethod
     def of(cls, case: Case) -> Result:
@@ -76,6 +78,7 @@ class Result:
             case.unit,
             case.ops,
             extra=dict(case.extra),
+            value_unit=case.value_unit,
         )
 
     @property
@@ -96,7 +99,7 @@ class Result:
     @property
     def spread(self) -> float | None:
         """Standard deviation of the rounds over their median (pyperf warns above 10%)."""
-        if len(self.rounds) < 3:
+        if len(self.rounds) < 3 or self.median <= 0:  # a value row's figure can be 0 or less
             return None
         return statistics.stdev(self.rounds) / self.median
 
@@ -110,7 +113,38 @@ class Result:
 
 
 def measure(case: Case, peer: _peers.Peer) -> Result:
-    """Run ``case`` on an open, warm ``peer``."""
+    """Run ``case`` on an open, warm ``peer``, under its load (``case.around``) if it has one."""
+    with case.around() if case.around is not None else contextlib.nullcontext():
+        if case.kind == "value":
+            return _values(case, peer)
+        return _timed(case, peer)
+
+
+def _values(case: Case, peer: _peers.Peer) -> Result:
+    """A "value" case: each call returns its round's value, a number or a dict with the
+    number at "value" and other figures, kept round by round in extra["per_round"]."""
+    result = Result.of(case)
+    assert case.build is not None
+    call = case.build(peer)
+    for _ in range(case.warmup):
+        call()
+    per_round: dict[str, list[Any]] = {}
+    for _ in range(case.rounds):
+        got = call()
+        if isinstance(got, dict):
+            got = dict(got)
+            value = got.pop("value")
+            for key, figure in got.items():
+                per_round.setdefault(key, []).append(figure)
+        else:
+            value = got
+        result.rounds.append(float(value))
+    result.extra["per_round"] = per_round
+    result.extra["start_method"] = peer.start_method
+    return result
+
+
+def _timed(case: Case, peer: _peers.Peer) -> Result:
     result = Result.of(case)
     assert case.build is not None
     call = case.build(peer)
@@ -161,6 +195,11 @@ def measure(case: Case, peer: _peers.Peer) -> Result:
     return result
 
 
+def _group(case: Case) -> tuple[str, int, str]:
+    """The cases of one group share a pool, in one process (a fresh one per share in run)."""
+    return case.peer, case.workers, case.process_group
+
+
 def _fresh(case: Case, rounds: int | None = None) -> Result:
     result = Result.of(case)
     assert case.fresh is not None, f"fresh case {case.scenario} has no call"
@@ -182,18 +221,15 @@ def _run_here(
     cases: list[Case], on_case: Callable[[int, int, Case], None] | None = None
 ) -> list[Result]:
     """Measure every case in this process; ``on_case(i, n, case)`` before each (progress)."""
-    order: list[tuple[str, int]] = []
+    order: list[tuple[str, int, str]] = []
     for case in cases:
-        if case.kind != "fresh" and (case.peer, case.workers) not in order:
-            order.append((case.peer, case.workers))
+        if case.kind != "fresh" and _group(case) not in order:
+            order.append(_group(case))
     by_case: dict[int, Result] = {}
     done = 0
-    for peer_name, workers in order:
-        mine = [
-            (i, c)
-            for i, c in enumerate(cases)
-            if c.kind != "fresh" and (c.peer, c.workers) == (peer_name, workers)
-        ]
+    for key in order:
+        peer_name, workers, _ = key
+        mine = [(i, c) for i, c in enumerate(cases) if c.kind != "fresh" and _group(c) == key]
         try:
             with _peers.open_peer(peer_name, workers or 1) as peer:
                 for i, case in mine:
@@ -240,33 +276,36 @@ def run(
     made ``cases``: each new interpreter rebuilds the catalogue from it."""
     if processes <= 1 or spec is None:
         return _run_here(cases, on_case)
-    groups: list[tuple[str, int]] = []
-    for case in cases:
-        if case.kind != "fresh" and (case.peer, case.workers) not in groups:
-            groups.append((case.peer, case.workers))
+    groups: dict[tuple[str, int, str], list[int]] = {}
+    for i, case in enumerate(cases):
+        if case.kind != "fresh":
+            groups.setdefault(_group(case), []).append(i)
+    # A group runs in as many processes as its most limited case allows (Case.processes).
+    cap = {
+        key: min([processes] + [cases[i].processes or processes for i in mine])
+        for key, mine in groups.items()
+    }
     fresh = [i for i, c in enumerate(cases) if c.kind == "fresh"]
+    fresh_cap = {i: min(cases[i].rounds, cases[i].processes or processes, processes) for i in fresh}
     merged = [Result.of(c) for c in cases]
     for r in merged:
         r.extra["process_medians"] = []
-    steps = processes * len(groups) + sum(min(cases[i].rounds, processes) for i in fresh)
+    steps = sum(cap.values()) + sum(fresh_cap.values())
     done = 0
     for share in range(processes):
-        for peer, workers in groups:
-            mine = [
-                i
-                for i, c in enumerate(cases)
-                if c.kind != "fresh" and (c.peer, c.workers) == (peer, workers)
-            ]
+        for key, mine in groups.items():
+            if share >= cap[key]:
+                continue
             if on_case:
                 on_case(done, steps, cases[mine[0]])
             done += 1
             share_of = {i: cases[i] for i in mine}
-            for i, got in _in_new_process(spec, share, processes, share_of).items():
+            for i, got in _in_new_process(spec, share, cap[key], share_of).items():
                 _merge(merged[i], got)
         for i in fresh:
             case = cases[i]
-            if share >= case.rounds:
-                continue  # fewer rounds than processes: the first ones only
+            if share >= fresh_cap[i]:
+                continue  # fewer rounds (or processes) than the run's: the first ones only
             if on_case:
                 on_case(done, steps, case)
             done += 1
@@ -292,7 +331,11 @@ def _merge(into: Result, got: Result) -> None:
     into.samples.extend(got.samples)
     medians = into.extra["process_medians"]
     for key, value in got.extra.items():
-        if key != "process_medians" and key not in into.extra:
+        if key == "per_round":  # a value case's other figures, round by round: all of them
+            mine = into.extra.setdefault("per_round", {})
+            for name, figures in value.items():
+                mine.setdefault(name, []).extend(figures)
+        elif key != "process_medians" and key not in into.extra:
             into.extra[key] = value
     if got.rounds:
         medians.append(statistics.median(got.rounds))
@@ -305,6 +348,7 @@ def _in_new_process(
     share ``share`` of ``of`` of each case's rounds. A process that fails fails each one."""
     first = next(iter(mine.values()))
     order = {**spec, "peer": first.peer, "workers_of_group": first.workers}
+    order["process_group"] = first.process_group
     order.update(share=share, of=of)
     try:
         done = subprocess.run(
@@ -325,14 +369,10 @@ def _in_new_process(
 def _child(order: dict[str, Any]) -> None:
     """One process's share (``python -m fastpool._bench.runner ORDER``): prints a JSON line
     {case index: Result}."""
-    spec = {k: order[k] for k in ("peers", "quick", "only", "workers")}
-    cases = catalog(**spec)
-    share, of = order["share"], order["of"]
-    mine = {
-        i: c
-        for i, c in enumerate(cases)
-        if c.kind != "fresh" and (c.peer, c.workers) == (order["peer"], order["workers_of_group"])
-    }
+    group = (order.pop("peer"), order.pop("workers_of_group"), order.pop("process_group"))
+    share, of = order.pop("share"), order.pop("of")
+    cases = catalog(**order)  # what is left is the spec the parent's catalogue was made from
+    mine = {i: c for i, c in enumerate(cases) if c.kind != "fresh" and _group(c) == group}
     for case in mine.values():
         case.rounds = max(1, math.ceil(case.rounds / of))
         if share:

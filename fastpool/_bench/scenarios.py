@@ -21,6 +21,10 @@ same thing in both reports.
                 ``import fastpool`` after numpy; a cold pool of BURST_WORKERS running
                 BURST_TASKS sleeps of BURST_TASK_S (start plus ramp)
 
+    contention  (contention.py, ``section="contention"``) the load the bench makes itself:
+                CPU hogs, three programs at once, an oversubscribed pool, a CPU-bound map;
+                the idle cost of pools of 2, 8 and 16; a batch's peak and held memory
+
 Rows of kind "rounds" and "latency" run in fresh processes, several per peer, the peers
 interleaved (runner.run); each process gives one median, and the report shows their spread.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,7 +225,7 @@ class Case:
     variant: str = ""  # a swept setting ("chunksize=5000") or a fastpool idiom
     idiom: bool = False  # True: the variant is its own row; False: best one kept
     workers: int = 2
-    kind: str = "rounds"  # "rounds" | "latency" | "fresh"
+    kind: str = "rounds"  # "rounds" | "latency" | "fresh" | "value" (the call returns it)
     build: Callable[[Peer], Callable[[], Any]] | None = None
     check: Callable[[Any], None] | None = None
     ops: float = 1.0  # per call, for the throughput column
@@ -231,6 +236,15 @@ class Case:
     memory_repeat: int = 0  # > 0: also sample peak memory over this many calls
     fresh: Callable[[], float] | None = None  # kind "fresh": one round, in a new interpreter
     extra: dict[str, Any] = field(default_factory=dict)
+    # The load a row runs under (contention.py): entered after the peer is warm, around the
+    # warm-up and the rounds; None: the machine as it is.
+    around: Callable[[], AbstractContextManager[Any]] | None = None
+    # Rows of one (peer, workers, process_group) share a fresh process (runner.run); the
+    # contention rows have their own, so no quiet row's state (an arena grown by 256 MiB
+    # arrays) is in them. processes: at most this many such processes (seconds per row).
+    process_group: str = ""
+    processes: int | None = None
+    value_unit: str = ""  # kind "value": what the rounds hold ("CPU s/s", "MiB")
 
     @property
     def label(self) -> str:
@@ -433,14 +447,39 @@ def _expect(got: Any, want: Any) -> None:
     assert got == want, f"got {got!r}, expected {want!r}"
 
 
+SECTIONS = ("all", "quiet", "contention")
+
+
 def catalog(
-    peers: list[str], quick: bool = False, only: str | None = None, workers: int = START_WORKERS
+    peers: list[str],
+    quick: bool = False,
+    only: str | None = None,
+    workers: int = START_WORKERS,
+    section: str = "all",
+    batch_mib: int | None = None,
 ) -> list[Case]:
     """Every case to run for ``peers`` (names as in PEERS), in running order.
 
-    ``workers``: the pool size of every scenario but the 1-worker hop.
+    ``workers``: the pool size of every scenario but the 1-worker hop and the contention rows.
+    ``section``: "quiet" (the machine as it is), "contention" (contention.py: the load the
+    bench makes itself, idle cost and a batch's memory) or "all", the quiet rows first.
+    ``batch_mib``: the contention batch's array (default: contention.batch_mib()).
     ``only``: keep the scenarios whose id contains one of its comma-separated words."""
+    if section not in SECTIONS:
+        raise ValueError(f"section {section!r}: one of {', '.join(SECTIONS)}")
     peers = [p for p in peers if p != IN_PROCESS]  # it joins the array rows by itself
+    cases = _quiet(peers, quick, workers) if section != "contention" else []
+    if section != "quiet":
+        from fastpool._bench import contention  # it builds on this module's Case and calls
+
+        cases += contention.cases(peers, quick, batch_mib)
+    if only:
+        words = [w.strip() for w in only.split(",") if w.strip()]
+        cases = [c for c in cases if any(w in c.scenario for w in words)]
+    return cases
+
+
+def _quiet(peers: list[str], quick: bool, workers: int) -> list[Case]:
     hops = sorted({1, workers})
     if quick:
         cases = [c for w in hops for c in _hop(peers, w, QUICK_LATENCY_CALLS, 3)]
@@ -452,7 +491,4 @@ def catalog(
         # a first pool's start varies by a tenth from one process to the next on a busy
         # machine: 10 processes (as many as the rounds rows), the bursts (seconds each) 3
         cases += _arrays(peers, workers, SIZES_MIB, False) + _start(peers, workers, 10, 3)
-    if only:
-        words = [w.strip() for w in only.split(",") if w.strip()]
-        cases = [c for c in cases if any(w in c.scenario for w in words)]
     return cases

@@ -71,3 +71,29 @@ def warm(delay_s: float) -> int:
 
     time.sleep(delay_s)
     return os.getpid()
+
+
+def cpu_spin(seconds: float) -> float:
+    """``seconds`` of this thread's CPU time, spent spinning (not sleeping): a CPU-bound task
+    whose length the scheduler cannot shorten. Returns the CPU time spent."""
+    start = time.thread_time()
+    end = start + seconds
+    while (now := time.thread_time()) < end:
+        pass
+    return now - start
+
+
+def soft_threshold(x, clip: float = 3.0, shrink: float = 0.5):
+    """A slice of a batch: standardised, clipped to +-``clip``, soft-thresholded by
+    ``shrink``; a new array of the same dtype and size back."""
+    import numpy as np
+
+    y = x - x.mean(dtype=np.float64)
+    y /= y.std(dtype=np.float64) + 1e-12
+    np.clip(y, -clip, clip, out=y)
+    sign = np.sign(y)
+    np.abs(y, out=y)
+    y -= shrink
+    np.maximum(y, 0, out=y)
+    y *= sign
+    return y

@@ -1,6 +1,7 @@
 """``python -m fastpool bench``: fastpool against the installed peers, or your own function.
 
-    python -m fastpool bench [--quick] [--peers mp,ppe,loky,joblib] [--json out.json]
+    python -m fastpool bench [--quick] [--section all|quiet|contention] [--batch-mib MIB]
+                             [--peers mp,ppe,loky,joblib] [--json out.json]
                              [--plot [out.png]] [--compare old.json] [--processes N]
     python -m fastpool bench --compare old.json new.json      (no run: two files)
     python -m fastpool bench --user my_module:my_func --args 'range(10_000)'
@@ -45,6 +46,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="workers per pool (default: 2 for the standard scenarios, the round trip "
         "also with 1; with --user, tries 1 up to the usable CPUs)",
+    )
+    p.add_argument(
+        "--section",
+        choices=("all", "quiet", "contention"),
+        default="all",
+        help="quiet: the standard scenarios, on the machine as it is; contention: the load the "
+        "bench makes itself (CPU hogs, three programs at once, an oversubscribed pool), the "
+        "idle cost of pools of 2, 8 and 16, and the memory a batch of slices leaves held, "
+        "a few minutes on two cores; all (default): both, quiet first",
+    )
+    p.add_argument(
+        "--batch-mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="the contention section's batch: a float32 array of MIB (default 2048, 256 with "
+        "--quick, less where a sixth of the available memory is less)",
     )
     p.add_argument(
         "--only",
@@ -146,6 +164,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--workers must be at least 1")
     if args.processes is not None and args.processes < 1:
         parser.error("--processes must be at least 1")
+    if args.batch_mib is not None and args.batch_mib < 1:
+        parser.error("--batch-mib must be at least 1")
     if args.plot is not None:
         try:
             report.require_matplotlib()
@@ -199,7 +219,19 @@ def _standard(
         return 1
     names = [n for n in names if n not in skipped]
     workers = args.workers or scenarios.START_WORKERS
-    spec = {"peers": names, "quick": args.quick, "only": args.only, "workers": workers}
+    spec: dict[str, Any] = {
+        "peers": names,
+        "quick": args.quick,
+        "only": args.only,
+        "workers": workers,
+        "section": args.section,
+        "batch_mib": None,
+    }
+    if args.section != "quiet":
+        from fastpool._bench import contention
+
+        # one size for every process of the run, decided here (available memory moves)
+        spec["batch_mib"] = args.batch_mib or contention.batch_mib(args.quick)
     cases = scenarios.catalog(**spec)
     processes = args.processes or (QUICK_PROCESSES if args.quick else PROCESSES)
     if not cases:
@@ -223,12 +255,15 @@ def _standard(
     env = _env.environment()
     mode = "--quick" if args.quick else "full"
     print(
-        f"## python -m fastpool bench ({mode}, {workers} workers, "
+        f"## python -m fastpool bench ({mode}, section {args.section}, {workers} workers, "
         f"{processes} process{'es' if processes > 1 else ''} per peer, {took:.0f} s)\n"
     )
     print(report.table(results))
     print()
     print(report.LEGEND)
+    if any(report.is_contention(r.scenario) for r in results):
+        print()
+        print(report.CONTENTION_LEGEND)
     for name, why in skipped.items():
         print(f"\nnot run: {name}: {why}")
     if args.quick:
@@ -246,6 +281,8 @@ def _standard(
     meta = {
         "argv": shlex.join(sys.argv),
         "quick": args.quick,
+        "section": args.section,
+        "batch_mib": spec["batch_mib"],
         "workers": workers,
         "processes": processes,
         "peers": names,
