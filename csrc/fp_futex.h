@@ -116,7 +116,7 @@ static inline int fp_futex_wake(fp_a32 *word, int n)
 #define FP_SPIN_PROBE_EVERY 16u
 #define FP_SPIN_MISS_WINDOW_NS 20000  /* a park this soon after a spin step ends that spin */
 #ifndef FP_SPIN_PREEMPT_NS /* a test on a loaded machine sets it out of reach */
-#define FP_SPIN_PREEMPT_NS 50000      /* a step (64 pauses and a yield: 1-3 us) this long was off-CPU */
+#define FP_SPIN_PREEMPT_NS 50000 /* a step (64 pauses, a yield: 1-3 us) this long was off-CPU */
 #endif
 #define FP_SPIN_CALM_MIN_NS 2000000   /* after a preempted spin: no spin for 2 ms, */
 #define FP_SPIN_CALM_MAX_NS 64000000  /* doubling while probes are preempted too */
