@@ -1,8 +1,9 @@
 """One pool, many threads: the public methods are thread-safe (docs/api.md, "Thread safety").
 
 Threads submit, map, cancel, wait on each other's futures and read stats() at
-once.  Every future settles; each has its right result, or is cancelled exactly
-when a cancel said True; the counters add up at the end.
+once.  Every future settles; each has its right result, or is cancelled when a
+cancel said True (or said False for a running task, whose result is then dropped);
+the counters add up at the end.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ def test_threads_submitting_mapping_cancelling_and_reading_stats_at_once():
                     cancelled += 1
                     continue
                 raise AssertionError(f"cancel said True but {f} has a result")
+            if said is False and f.cancelled():
+                # pool.cancel said False for a running task: the task ran on, and its
+                # result was dropped when it returned (docs/api.md, Pool.cancel).
+                cancelled += 1
+                continue
             assert f.result(timeout=60) == expected, (f, said)
         for w in waiters:
             w.join(60)
