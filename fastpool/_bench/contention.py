@@ -45,6 +45,7 @@ BATCH_MIB = 2048
 BATCH_MIN_MIB = 32
 BATCH_SLICES = 32
 BATCH_SETTLE_S = 0.5
+BATCH_PROCESSES = 2  # a 2 GiB batch takes tens of seconds a process: the section's longest rows
 PROCESSES = 3
 # --quick: about a minute on two cores
 QUICK = {
@@ -185,7 +186,8 @@ def _others(got: dict[str, Any], value: str) -> dict[str, Any]:
 
 
 def _check_spin(got: list, n: int) -> None:
-    assert len(got) == n and min(got) >= SPIN_TASK_S, "the spin map returned wrong results"
+    # cpu_spin returns thread_time() differences: a float sum can land a ulp under SPIN_TASK_S
+    assert len(got) == n and min(got) >= SPIN_TASK_S * 0.999, "the spin map returned wrong results"
 
 
 # ---- the catalogue ------------------------------------------------------------------------
@@ -302,7 +304,7 @@ def cases(peers: list[str], quick: bool = False, mib: int | None = None) -> list
                     warmup=0,
                     extra={"batch_mib": mib, "slices": BATCH_SLICES},
                     process_group="batch",
-                    processes=processes,
+                    processes=min(processes, BATCH_PROCESSES),
                 )
             )
     return out

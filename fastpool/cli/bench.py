@@ -256,7 +256,8 @@ def _standard(
     mode = "--quick" if args.quick else "full"
     print(
         f"## python -m fastpool bench ({mode}, section {args.section}, {workers} workers, "
-        f"{processes} process{'es' if processes > 1 else ''} per peer, {took:.0f} s)\n"
+        f"up to {processes} fresh process{'es' if processes > 1 else ''} per peer: each row's "
+        f"(n) says how many, {took:.0f} s)\n"
     )
     print(report.table(results))
     print()
