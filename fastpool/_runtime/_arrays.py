@@ -68,6 +68,28 @@ def is_ndarray(x: Any) -> bool:
     return nd is not None and type(x) is nd and x.ndim >= 1
 
 
+def array_bytes(chunk: Any) -> int:
+    """The bytes of the ndarrays in a map's chunk: the chunk itself, its items, or
+    the items' arguments (a chunk of a map over several iterables holds tuples).
+    0 for packed numbers, and for a chunk whose first item carries no ndarray: a
+    chunk of many small items is not walked (what it costs is its pickle's size)."""
+    nd = _np_ndarray()
+    if nd is None:
+        return 0
+    if type(chunk) is nd:
+        return int(chunk.nbytes)
+    if (type(chunk) is not list and type(chunk) is not tuple) or not chunk:
+        return 0
+    first = chunk[0]
+    if type(first) is tuple:
+        if not any(type(x) is nd for x in first):
+            return 0
+        return sum(x.nbytes for item in chunk for x in item if type(x) is nd)
+    if type(first) is not nd:
+        return 0
+    return sum(x.nbytes for x in chunk if type(x) is nd)
+
+
 # ---------------------------------------------------------------------------------
 # The descriptor: what the sender writes and the receiver reads, one type.
 

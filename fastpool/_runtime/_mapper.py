@@ -47,6 +47,12 @@ WINDOW_ITEMS = 32768  # a map keeps about this many small items in flight...
 # faster than with WINDOW_ITEMS in flight.
 COMPACT_WINDOW_ITEMS = 131072
 MAX_WINDOW_PER_WORKER = 64  # ...in at most this many chunks per worker
+# A map of large arrays keeps at most about this many bytes of them in flight (and at
+# least one chunk per worker and one spare): each one sent by value is copied into the
+# arena, so 128 chunks of 64 MiB slices would all be copied at once (issue 24: the
+# batch of 32 slices of a 2 GiB array added 2.6 GiB at its peak); a few slices at a
+# time keep both workers busy as well.
+WINDOW_BYTES = 256 << 20
 
 
 class Sizing(NamedTuple):
@@ -214,19 +220,31 @@ class MapRun:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.pending: deque[Future] = deque()  # submitted, not taken (submission order)
         self.exhausted = False
+        self.min_window = min(self.window, sizing.workers + 1)  # what WINDOW_BYTES leaves
+        self.nbytes: dict[Future, int] = {}  # the array bytes of each pending chunk that has any
+        self.pending_bytes = 0
+        self._chunk_bytes = 0  # of the chunk next_chunk returned, until sent() names its future
         self.on_submit: Callable[[Future], None] | None = None
 
     def next_chunk(self) -> Any:
         """The next chunk to submit, or None: the window is full or the input ran out."""
         if self.exhausted or len(self.pending) >= self.window:
             return None
+        if self.pending_bytes >= WINDOW_BYTES and len(self.pending) >= self.min_window:
+            return None
         chunk = self.chunks.next()
         if chunk is None:
             self.exhausted = True
+        else:
+            self._chunk_bytes = _arrays.array_bytes(chunk)
         return chunk
 
     def sent(self, fut: Future) -> None:
         self.pending.append(fut)
+        if self._chunk_bytes:
+            self.nbytes[fut] = self._chunk_bytes
+            self.pending_bytes += self._chunk_bytes
+            self._chunk_bytes = 0
         if self.on_submit is not None:
             self.on_submit(fut)
 
@@ -250,6 +268,7 @@ class MapRun:
             self.pending.popleft()
         else:
             self.pending.remove(fut)
+        self.pending_bytes -= self.nbytes.pop(fut, 0)
         value = fut.result(0)  # raises the chunk's own failure (a crash, a timeout...)
         results, error = outcome(value)
         if self.chunks.adaptive:
@@ -261,6 +280,8 @@ class MapRun:
         ``cancel`` if given (amap's ``force_cancel``), else the target's rules."""
         pending, self.pending = self.pending, deque()
         self.exhausted = True
+        self.nbytes.clear()
+        self.pending_bytes = 0
         for fut in pending:
             if not fut.done():
                 (cancel or self.target._cancel_chunk)(fut)

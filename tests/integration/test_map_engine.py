@@ -152,6 +152,26 @@ def test_a_map_of_other_items_keeps_its_window_in_items(pool: fastpool.Pool) -> 
     mapping.close()  # type: ignore[attr-defined]
 
 
+def test_a_map_of_large_arrays_keeps_its_window_in_bytes(
+    pool: fastpool.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each array sent by value is copied into the arena at submit: a window of 128
+    # chunks of 64 MiB slices copied a whole 2 GiB batch at once (issue 24).  Here the
+    # cap is 4 MiB and each array 1 MiB: at most 4 chunks ahead, and never fewer than
+    # one per worker and a spare.
+    monkeypatch.setattr(_mapper, "WINDOW_BYTES", 4 << 20)
+    arrays = [np.full(1 << 17, float(i)) for i in range(32)]  # 1 MiB each
+    mapping = pool.map(_tasks.identity, arrays, chunksize=1)
+    assert pool.stats()["chunks_submitted"] == 4  # at call time
+    got = [float(r[0]) for r in mapping]
+    assert got == [float(i) for i in range(32)]
+    assert pool.stats()["chunks_submitted"] == 32
+    monkeypatch.setattr(_mapper, "WINDOW_BYTES", 1)
+    mapping = pool.map(_tasks.identity, arrays, chunksize=1)
+    assert pool.stats()["chunks_submitted"] == 32 + pool.workers + 1
+    assert sum(1 for _ in mapping) == 32
+
+
 def test_a_map_over_the_rows_of_an_array_keeps_its_window_in_items(pool: fastpool.Pool) -> None:
     # a row may weigh anything (each chunk of rows can be copied into the arena)
     rows = np.zeros((100_000, 4))
