@@ -224,6 +224,25 @@ def neutralise_inherited(keep: set[int]) -> set[int]:
     return replaced
 
 
+def run_multiprocessing_after_fork() -> None:
+    """In a freshly forked child, after ``neutralise_inherited``: what multiprocessing runs
+    in every child it starts (``BaseProcess._after_fork``), for the objects this process
+    inherited from a parent that used multiprocessing. A manager proxy's cached
+    connection is dropped (the next call opens its own, with the shared authkey), a
+    ``ForkAwareLocal`` is emptied, a ``SemLock``'s recursion count reset; the parent's
+    finalizers are forgotten (they would not run here anyway: each checks its pid).
+
+    Each live proxy also takes a reference on its manager here, as a forked
+    multiprocessing child's does; a template never exits through Python's atexit, so
+    that reference is given back when the manager shuts down, not before. Nothing to do
+    when the parent never imported multiprocessing."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return
+    util._finalizer_registry.clear()
+    util._run_after_forkers()
+
+
 def _uses(obj: Any, fds: set[int]) -> bool:
     try:
         return obj is not None and obj.fileno() in fds

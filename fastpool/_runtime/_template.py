@@ -225,6 +225,8 @@ class Template:
                 # its descriptors now point at /dev/null.
                 gc.freeze()
                 _forksafe.neutralise_inherited({child_end.fileno(), watch})
+                # after it: a proxy's new connection must not be pointed at /dev/null
+                _forksafe.run_multiprocessing_after_fork()
                 # Its own process group, so Ctrl-C in the terminal is the parent's to
                 # handle.  Not its own session: setsid() makes a new scheduler autogroup,
                 # ~2 ms on a first pool's critical path (measured), and would leave the
