@@ -2,7 +2,7 @@
  * two rings per slot (tasks in, results out).
  *
  *   offset 0      fp_board_t   magic, version, sizes, the parent's eventcount
- *   4096          fp_slot_t[n] one 256-byte block per worker slot
+ *   4096          fp_slot_t[n] one 512-byte block per worker slot
  *   page-aligned  slot 0: task ring (256 B header + ring_capacity)
  *                         result ring (256 B header + ring_capacity)
  *                 slot 1: ...

@@ -7,8 +7,10 @@
     Parallel call  -> FastpoolBackend.configure: lease the pool of this configuration
                       (_joblib_pools: one per n_jobs + options, reused across calls)
     each batch     -> submit: large arrays swapped for shared read-only copies (one
-                      per array per call), plain functions sent as cached pickles,
-                      then Pool.submit(_joblib_task.run_batch, ...)
+                      per array per call), then Pool.submit(_joblib_task.run_batch,
+                      functions, calls, ...): the pool's codec ships it as every call
+                      (lambdas and closures by value anywhere in it, __main__ classes,
+                      array subclasses), nothing here pickles
     done-callback  -> joblib's BatchCompletionCallBack: result, or the task's own
                       exception, WorkerCrashed, TimeoutError (Parallel(timeout=))
     abort          -> only this call's batches are cancelled; the pool goes on
@@ -24,7 +26,6 @@ import contextlib
 import multiprocessing
 import sys
 import threading
-import types
 from concurrent.futures import CancelledError, Future
 from typing import Any, Callable, Iterator
 
@@ -45,8 +46,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from fastpool import errors
 from fastpool._integrations import _joblib_pools, _joblib_task
 from fastpool._runtime import _mapper
-from fastpool._runtime._arrays import _block_of
-from fastpool._runtime._codec import function_bytes
+from fastpool._runtime._arrays import block_of, exact_subclass
 from fastpool._supervision._sizing import usable_cpus
 from fastpool.pool import Pool
 
@@ -117,6 +117,7 @@ class _Call:
         self.pending: set[Future] = set()
         self.progress = threading.Condition()  # notified after joblib saw each batch settle
         self.batches: dict[Future, tuple] = {}  # future -> (calls, functions): named on a crash
+        self.nd: Any = None  # numpy.ndarray, once an argument needed it
 
     def forget_arrays(self) -> None:
         with self.lock:
@@ -153,10 +154,10 @@ class _Call:
         return value
 
     def _array(self, arr: Any) -> Any:
-        if arr.dtype.hasobject:
-            return arr
+        if arr.dtype.hasobject or (type(arr) is not self.nd and not exact_subclass(type(arr))):
+            return arr  # a MaskedArray's mask travels with it: pickled, as loky does
         large = self.max_nbytes is not None and arr.nbytes > self.max_nbytes
-        in_arena = _block_of(arr) is not None
+        in_arena = block_of(arr) is not None
         if large and self.mode in _SHARED_MODES:
             if in_arena:  # already shared memory: a view crosses as a descriptor
                 if self.mode == "r" and arr.flags.writeable:
@@ -176,6 +177,8 @@ class _Call:
             if hit is not None and hit[0] is arr:
                 return hit[1]
             shared = self.pool.share(arr, readonly=self.mode == "r")
+            if type(arr) is not self.nd:  # np.matrix, np.recarray: the same class over it
+                shared = shared.view(type(arr))
             self.shared[id(arr)] = (arr, shared)  # the original is held, so its id stays its own
             return shared
 
@@ -202,28 +205,29 @@ class _Call:
     def _submit(self, func: Callable[[], Any]) -> tuple[Future, tuple]:
         if isinstance(func, BatchedCalls):
             fns: list[Any] = []
-            funcs: list[Any] = []
             index: dict[int, int] = {}
             calls = []
-            nd = _ndarray()
+            nd = self.nd = _ndarray()
             last, i = None, 0
             for fn, args, kwargs in func.items:
-                if fn is not last:  # a batch mostly repeats one function
+                if fn is not last:  # a batch mostly repeats one function: sent once
                     last, i = fn, index.get(id(fn), -1)
                 if i < 0:
                     i = index[id(fn)] = len(fns)
-                    # a plain function goes as its cached pickle (by value from __main__
-                    # or a lambda, as loky's cloudpickle would); others as themselves
-                    fns.append(function_bytes(fn) if isinstance(fn, types.FunctionType) else fn)
-                    funcs.append(fn)
+                    fns.append(fn)
                 # without NumPy loaded no argument can be an array; scalars hold none
                 if nd is not None and (kwargs or not _PLAIN.issuperset(map(type, args))):
                     args, kwargs = self.prepare(args, kwargs, nd)
                 calls.append((i, args, kwargs))
             fut = self.submitter.submit(
-                _joblib_task.run_batch, tuple(fns), calls, func._backend, func._n_jobs
+                _joblib_task.run_batch,
+                tuple(fns),
+                calls,
+                func._backend,
+                func._n_jobs,
+                FastpoolBackend,
             )
-            what: tuple = (len(calls), funcs)
+            what: tuple = (len(calls), fns)
         else:
             fut = self.submitter.submit(_joblib_task.run_callable, func)
             what = (1, [func])

@@ -250,31 +250,17 @@ class IMapUnorderedIterator(IMapIterator[R]):
 
 class _Star:
     """``fn(*args)`` for one item: starmap's items may differ in length, so they
-    cannot be handed to ``fastpool.Pool.map`` as columns.  The function crosses
-    pickled once per call by cloudpickle (by reference when importable, by value
-    from ``__main__``), as fastpool sends functions."""
+    cannot be handed to ``fastpool.Pool.map`` as columns.  It pickles by reference,
+    and ``fn`` inside it as the pool's codec sends every function (by value from
+    ``__main__``, adopted by the worker's ``__main__`` namespace)."""
 
-    __slots__ = ("_fn_bytes", "fn")
+    __slots__ = ("fn",)
 
-    def __init__(self, fn: Callable[..., Any], fn_bytes: bytes | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self._fn_bytes = fn_bytes
 
     def __call__(self, args: Iterable[Any]) -> Any:
         return self.fn(*args)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        if self._fn_bytes is None:
-            import cloudpickle  # type: ignore[import-untyped]
-
-            self._fn_bytes = cloudpickle.dumps(self.fn)
-        return (_star_from, (self._fn_bytes,))
-
-
-def _star_from(fn_bytes: bytes) -> _Star:
-    import pickle
-
-    return _Star(pickle.loads(fn_bytes), fn_bytes)
 
 
 def _map_job(

@@ -636,6 +636,11 @@ class Pool(Executor):
     def _torn_down(self) -> bool:
         return bool(self._disp.torn_down)
 
+    def _closed(self) -> bool:
+        """True once shutdown began: the pool takes no new work (the joblib backend's
+        pool cache replaces such a pool).  Thread-safe."""
+        return bool(self._disp.closed)
+
     # ---- shared arrays -------------------------------------------------------------
 
     @overload

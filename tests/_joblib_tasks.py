@@ -91,3 +91,25 @@ def nested(n: int) -> tuple[list[int], list[int], list[str], list[int]]:
         named = Parallel(n_jobs=2, backend="fastpool")(delayed(square)(i) for i in range(n))
         pids = Parallel(n_jobs=2, backend="fastpool")(delayed(os.getpid)() for _ in range(n))
     return inner, named, [str(w.message) for w in caught], pids
+
+
+def kind_and_sum(a: Any) -> tuple[str, float]:
+    """The class a task received and its sum (a masked array's counts only what is unmasked)."""
+    return type(a).__name__, float(a.sum())
+
+
+def apply(fn: Any, x: Any) -> Any:
+    return fn(x)
+
+
+def note_then_wait(log: str, release: str, i: int) -> int:
+    """Appends ``i`` to ``log``, then waits for ``release`` to exist: an exit test's task."""
+    with open(log, "a") as f:
+        f.write(f"{i}\n")
+    return wait_for_file(release, i)
+
+
+def set_offset(value: int) -> None:
+    """An initializer whose initargs the tests build afresh for each call."""
+    global OFFSET
+    OFFSET = value

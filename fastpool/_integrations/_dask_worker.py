@@ -33,7 +33,6 @@ import threading
 import traceback
 from typing import Any, Callable
 
-import cloudpickle
 from distributed import WorkerPlugin, get_worker
 from distributed.worker import thread_state
 
@@ -335,7 +334,7 @@ def run_chunk(name: str, call: Call, opts: dict | None, deps: dict) -> tuple[lis
     """Dask task body: one map chunk (``call.args`` = (items, star)) as one fastpool task."""
     plugin = _plugin(name)
     fn, (items, star), _ = plugin.resolve(call, deps)
-    out, run_s = plugin.run(apply_items, (cloudpickle.dumps(fn, 5), items, star), {}, opts)
+    out, run_s = plugin.run(apply_items, (fn, items, star), {}, opts)
     if type(out) is ChunkFailure:  # the client yields the results, then raises the error
         results, error = out.unpack()
         raise plugin._failed(error, results) from None

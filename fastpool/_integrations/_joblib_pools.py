@@ -6,7 +6,9 @@
                        the last lease gone: the pool is idle from now on
     reaper thread    shuts down a pool idle for ``idle_worker_timeout`` seconds
                      (default 300, loky's figure; None: never)
-    interpreter exit shuts down every pool (before fastpool's own exit hook)
+    interpreter exit shuts down every pool, cancelling the batches not yet started
+                     (an abandoned return_as="generator" call's): its hook runs
+                     before fastpool's own, which would run them
 
 Like loky's reusable executor, workers outlive one Parallel call: starting them,
 and importing scikit-learn in them, is the expensive part of a short call.
@@ -17,6 +19,7 @@ each configuration has its own pool.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import inspect
 import logging
 import os
@@ -71,12 +74,29 @@ def check_idle_timeout(value: Any) -> None:
         )
 
 
-def _hashable(value: Any) -> Any:
+def _frozen(value: Any) -> Any:
+    """A hashable stand-in for an option value, equal for equal values, so equal but
+    freshly built options (``initargs=([1, 2],)``, a dict, an array) share one pool:
+    containers by their items, an array by its dtype, shape and a digest of its
+    bytes.  A value that is neither hashable nor one of those is kept by identity
+    (the entry holds it, so its id stays its own)."""
     try:
         hash(value)
     except TypeError:
-        return ("<by id>", id(value))  # the entry keeps the value, so the id stays its own
-    return value
+        pass
+    else:
+        return value
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", frozenset((_frozen(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return ("set", frozenset(_frozen(v) for v in value))
+    if hasattr(value, "__array_interface__") and hasattr(value, "tobytes"):
+        if not value.dtype.hasobject:
+            digest = hashlib.blake2b(value.tobytes(), digest_size=16).digest()
+            return ("ndarray", type(value), value.dtype.str, value.shape, digest)
+    return ("<by id>", id(value))
 
 
 class Driver:
@@ -148,6 +168,7 @@ class _Entry:
 _cond = threading.Condition()
 _entries: dict[tuple, _Entry] = {}
 _reaper: list[threading.Thread] = []
+_exit_hook: list[Any] = []  # shutdown_all, once registered with atexit
 
 
 def _is_default(name: str, value: Any) -> bool:
@@ -157,14 +178,14 @@ def _is_default(name: str, value: Any) -> bool:
 
 def _key(workers: int, options: dict[str, Any]) -> tuple:
     kept = {k: v for k, v in options.items() if not _is_default(k, v)}
-    return (workers, tuple(sorted((k, _hashable(v)) for k, v in kept.items())))
+    return (workers, tuple(sorted((k, _frozen(v)) for k, v in kept.items())))
 
 
 def _open(workers: int, options: dict[str, Any], idle_timeout_s: float | None) -> _Entry:
     key = _key(workers, options)
     with _cond:
         entry = _entries.get(key)
-        if entry is not None and entry.pool._disp.closed:  # shut down by its user: replace it
+        if entry is not None and entry.pool._closed():  # shut down by its user: replace it
             del _entries[key]
             entry.driver.close()
             entry = None
@@ -172,6 +193,13 @@ def _open(workers: int, options: dict[str, Any], idle_timeout_s: float | None) -
             # Made under the lock: two threads asking for one configuration get one pool.
             entry = _Entry(key, Pool(workers, **options), dict(options))
             _entries[key] = entry
+            if not _exit_hook:
+                # Registered after the first Pool registered fastpool's own exit hook
+                # (fastpool.pool loads that lazily, with its first pool): atexit runs
+                # hooks last-in first-out, so this one runs first and cancels the
+                # batches no one will read before that hook would run them.
+                atexit.register(shutdown_all)
+                _exit_hook.append(shutdown_all)
         if idle_timeout_s is not UNSET:
             entry.idle_timeout_s = idle_timeout_s
         if not _reaper:
@@ -251,9 +279,6 @@ def shutdown_all(wait: bool = True) -> None:
 def live_pools() -> list[Pool]:
     with _cond:
         return [e.pool for e in _entries.values()]
-
-
-atexit.register(shutdown_all)  # registered after fastpool.pool's hook, so it runs first
 
 
 def _forget_after_fork() -> None:

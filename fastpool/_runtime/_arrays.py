@@ -13,7 +13,11 @@ into a view of the block in the receiver's own mapping:
     within ``with pool.arrays()``            (ArraysContext; the task sees the same bytes)
     plain array >= OOB_THRESHOLD_BYTES   -> one copy into a fresh block of the
                                             sender's region, then a descriptor
-    object dtype, small, subclasses      -> pickled as before (inline in the ring)
+    a subclass NumPy pickles as an array -> as a plain array, rebuilt as its class
+    (np.matrix, np.recarray, np.memmap)     (what its pickle would rebuild: the same class
+                                            over the same bytes)
+    object dtype, small, other subclasses -> pickled as before (inline in the ring): a
+    (np.ma.MaskedArray: its own __reduce__)  MaskedArray keeps its mask
     array of another (or a closed) pool  -> treated as a plain array: one copy
 
 The block must outlive the trip.  Parent to worker: the parent keeps a call's blocks
@@ -105,6 +109,7 @@ class Descriptor(NamedTuple):
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     readonly: bool
+    subtype: Any = None  # an ndarray subclass to rebuild (see exact_subclass); None: ndarray
 
     def wire(self) -> tuple[Any, tuple[Any, ...]]:
         """The pickle reduction: the receiver calls ``rebuild(*self)``."""
@@ -130,10 +135,31 @@ def rebuild(*fields: Any) -> NDArray[Any]:
     blk = arena.ref(d.off, d.gen, d.readonly)
     import numpy
 
-    arr = numpy.ndarray(d.shape, d.dtype, buffer=blk, offset=d.byte_off, strides=d.strides)
+    cls = numpy.ndarray if d.subtype is None else d.subtype
+    arr = numpy.ndarray.__new__(
+        cls, d.shape, d.dtype, buffer=blk, offset=d.byte_off, strides=d.strides
+    )
     if d.readonly:
         arr.flags.writeable = False
     return arr
+
+
+def exact_subclass(cls: type) -> bool:
+    """True for an ndarray subclass that pickles as NumPy pickles an array (np.matrix,
+    np.recarray, np.memmap): unpickling rebuilds the class over the bytes alone, so a
+    view of shared memory rebuilt as that class is exactly what its pickle would give.
+    A class with its own pickling (np.ma.MaskedArray: the mask, the fill value) is not."""
+    nd = _np_ndarray()
+    return (
+        cls.__reduce_ex__ is nd.__reduce_ex__
+        and cls.__reduce__ is nd.__reduce__
+        and cls.__setstate__ is nd.__setstate__
+    )
+
+
+def block_of(arr: Any) -> Any:
+    """The arena block under ``arr`` (or under the array it views), or None."""
+    return _block_of(arr)
 
 
 def _block_of(arr: Any) -> Any:
@@ -254,7 +280,8 @@ def __getattr__(name: str) -> Any:
 
 
 class ArrayPickler(pickle.Pickler):
-    """Pickles ndarrays as Descriptors into ``arena`` (see the module docstring)."""
+    """Pickles ndarrays as Descriptors into ``arena`` (see the module docstring); with
+    no arena, as NumPy pickles them.  The codec's call pickler builds on ``reduce_array``."""
 
     def __init__(
         self, file: Any, arena: Any, keep: list | None, handoff: bool, owned: Any = None
@@ -268,16 +295,24 @@ class ArrayPickler(pickle.Pickler):
         self.detach: list = []
 
     def reducer_override(self, obj: Any) -> Any:
+        return self.reduce_array(obj)
+
+    def reduce_array(self, obj: Any) -> Any:
+        """An ndarray's reduction to a Descriptor; NotImplemented for anything else
+        (and for an array pickled as it is: no arena, small, object dtype)."""
         nd = _np_ndarray()
         if nd is None or not isinstance(obj, nd):
             return NotImplemented
-        if type(obj) is __getattr__("DetachedArray"):
+        cls = type(obj)
+        if cls is __getattr__("DetachedArray"):
             _detached()
-        if type(obj) is not nd:
+        if cls is not nd and not (exact_subclass(cls) and id(obj) not in _transfer_marks):
+            return NotImplemented
+        arena = self.arena
+        if arena is None:
             return NotImplemented
         from fastpool._native import _arena, _ndarray
 
-        arena = self.arena
         root = obj
         while isinstance(root.base, nd):
             root = root.base
@@ -311,7 +346,15 @@ class ArrayPickler(pickle.Pickler):
         elif self.keep is not None:
             self.keep.append(blk)
         desc = Descriptor(
-            arena.token, blk.off, blk.gen, byte_off, obj.dtype, obj.shape, strides, readonly
+            arena.token,
+            blk.off,
+            blk.gen,
+            byte_off,
+            obj.dtype,
+            obj.shape,
+            strides,
+            readonly,
+            None if cls is nd else cls,
         )
         return desc.wire()
 
@@ -331,24 +374,33 @@ def _adopt(root: Any, arena: Any, owned: Any) -> Any:
 
 
 def encode(
-    obj: Any, arena: Any, keep: list | None = None, handoff: bool = False, owned: Any = None
+    obj: Any,
+    arena: Any,
+    keep: list | None = None,
+    handoff: bool = False,
+    owned: Any = None,
+    pickler: type[ArrayPickler] | None = None,
 ) -> tuple[bytes, list[int]]:
-    """Pickles obj with arrays as Descriptors into arena (plain pickle when arena is None).
+    """Pickles obj with arrays as Descriptors into arena (plain pickle when arena is None
+    and no ``pickler`` class is given: the codec passes its call pickler).
 
     Returns the pickle and the offsets of the blocks handed off (``handoff``: one
     reference each, added for the receiver).  ``keep`` collects the blocks that must
     live until the receiver has mapped them, plus TRANSFERRED when obj carried
     transferred arrays; those are detached here, after the pickle succeeded.
     Raises what pickling raises; nothing is detached nor handed off then."""
-    if arena is None:
+    if arena is None and pickler is None:
         return pickle.dumps(obj, PROTOCOL), []
     buf = io.BytesIO()
-    p = ArrayPickler(buf, arena, keep, handoff, owned)
+    p = (pickler or ArrayPickler)(buf, arena, keep, handoff, owned)
+    kept = len(keep) if keep is not None else 0
     try:
         p.dump(obj)
     except BaseException:
         for off in p.handed:
             arena.unref_for(arena.proc, off)
+        if keep is not None:
+            del keep[kept:]  # the blocks copied for a pickle that failed: freed now
         raise
     if p.detach:
         from fastpool._native import _ndarray

@@ -109,29 +109,6 @@ def _same_arity(items: list) -> bool:
     return all(len(x) == n for x in items)
 
 
-_FN_CACHE: dict[bytes, Any] = {}
-
-
-def load_function(fn_bytes: bytes) -> Any:
-    """A task's function in a worker; one from ``__main__`` sees the globals the
-    initializer set and brings its classes into ``__main__`` (see _mainns)."""
-    from fastpool._runtime import _mainns
-
-    return _mainns.adopt(_codec.loads(fn_bytes))
-
-
-def load_fn(fn_bytes: bytes) -> Any:
-    """The function behind a pickle made by ``_codec.function_bytes`` (cached: one unpickle
-    per distinct function). The joblib backend sends a batch's functions this way."""
-    fn = _FN_CACHE.get(fn_bytes)
-    if fn is None:
-        fn = _codec.loads(fn_bytes)
-        if len(_FN_CACHE) > 512:
-            _FN_CACHE.clear()
-        _FN_CACHE[fn_bytes] = fn
-    return fn
-
-
 class TaskFunction(Generic[P, R]):
     """A function with supervision options attached (see ``fastpool.task``).
 

@@ -1,12 +1,28 @@
-"""What crosses the rings: record kinds, and how functions, results and exceptions are encoded.
+"""What crosses the rings: record kinds, and how calls, results and exceptions are encoded.
 
-Functions are pickled once per function object (cached) by reference when
-they are importable, and by value with cloudpickle when they live in
-``__main__`` or are lambdas/closures, so scripts and notebooks work without the
+The one room that ships a call.  ``Pool.submit`` and ``map``, every ``fastpool.mp``
+method, the joblib batches and the Dask executor all hand it their function and
+arguments as objects; none pickles a call itself.
+
+    the task's function  -> function_bytes: by reference when importable; by value
+                            (cloudpickle) from __main__, a lambda or a closure; cached
+    its arguments        -> encode_args, with the call pickler (CallPickler):
+                            a function anywhere in them that goes by value (a lambda
+                            in args, functools.partial(lambda), a joblib batch's
+                            functions, FunctionTransformer(lambda) deep in a
+                            scikit-learn pipeline) -> its function_bytes, rebuilt in
+                            the worker by ``function_from`` (cached there)
+                            an ndarray -> a descriptor of shared memory (_arrays)
+                            anything else the plain pickler refuses -> the whole
+                            call again with cloudpickle underneath (as loky ships)
+    in the worker        -> load_function: every function sent by value is adopted
+                            by ``_mainns`` (initializer globals, __main__ classes)
+    results, exceptions  -> plain pickle (arrays as descriptors); a spawned template
+                            names __main__ classes __mp_main__.X, which the parent
+                            resolves through ``alias_main`` (multiprocessing's alias)
+
+Sending ``__main__`` functions by value lets scripts and notebooks work without the
 ``if __name__ == "__main__"`` re-import that spawn needs for every call.
-
-Arrays travel as descriptors of the pool's shared memory: that is
-``fastpool/_runtime/_arrays.py``, which this module calls for every payload.
 """
 
 from __future__ import annotations
@@ -14,6 +30,7 @@ from __future__ import annotations
 import linecache
 import pickle
 import re
+import sys
 import traceback
 import types
 import weakref
@@ -144,8 +161,12 @@ def function_bytes(fn: Callable[..., Any]) -> bytes:
             import cloudpickle
 
             data = cloudpickle.dumps(_Sourced(fn), PROTOCOL)
-        else:
+        elif isinstance(fn, (types.FunctionType, types.BuiltinFunctionType)):
             data = dumps(fn)
+        else:  # a callable object (functools.partial, mp's _Star): what it holds, as a call's
+            data = _pickle_call(fn, None, None)
+    except errors.FastPoolError:
+        raise
     except Exception as exc:
         try:
             import cloudpickle
@@ -206,21 +227,21 @@ def encode_args(
     if type(obj) is list and (packed := _numbers.pack(obj)) is not None:
         return dumps(packed)
     try:
-        return encode(obj, arena, keep)[0]
+        return _pickle_call(obj, arena, keep)
     except errors.FastPoolError:
         raise
     except Exception as exc:
         what = "an argument"
         for i, a in enumerate(args):
             try:
-                dumps(a)
+                _pickle_call(a, None, None)
             except Exception:
                 what = f"argument {i} ({type(a).__name__})"
                 break
         else:
             for k, v in kwargs.items():
                 try:
-                    dumps(v)
+                    _pickle_call(v, None, None)
                 except Exception:
                     what = f"keyword argument {k!r} ({type(v).__name__})"
                     break
@@ -229,6 +250,83 @@ def encode_args(
             f"{type(exc).__name__}: {exc}. Nothing was submitted; pass something picklable "
             "(or a shared array) instead",
         ) from exc
+
+
+class CallPickler(_arrays.ArrayPickler):
+    """The pickler of a call's arguments: a function that goes by value, wherever it
+    sits, travels as its ``function_bytes``; arrays as descriptors (``_arrays``)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.FunctionType and _by_value(obj):
+            return function_from, (function_bytes(obj),)
+        return self.reduce_array(obj)
+
+
+_CLOUD: list[Any] = []  # the cloudpickle-based CallPickler, made on first need
+
+
+def _cloud_pickler() -> Any:
+    if not _CLOUD:
+        import cloudpickle
+
+        class CloudCallPickler(CallPickler, cloudpickle.Pickler):
+            """CallPickler over cloudpickle: what the plain pickler refuses (a class
+            defined in a function, an object holding one) is pickled by value."""
+
+            def reducer_override(self, obj: Any) -> Any:
+                out = CallPickler.reducer_override(self, obj)
+                if out is NotImplemented:
+                    out = cloudpickle.Pickler.reducer_override(self, obj)
+                return out
+
+        _CLOUD.append(CloudCallPickler)
+    return _CLOUD[0]
+
+
+def _pickle_call(obj: Any, arena: Any, keep: list | None) -> bytes:
+    """obj with CallPickler; if the plain pickler refuses something in it, all of it
+    again over cloudpickle (the first try's copies into shared memory are dropped)."""
+    try:
+        return encode(obj, arena, keep, pickler=CallPickler)[0]
+    except errors.FastPoolError:
+        raise
+    except Exception:  # noqa: BLE001 - cloudpickle's turn; its own error is the one reported
+        return encode(obj, arena, keep, pickler=_cloud_pickler())[0]
+
+
+_LOADED: dict[bytes, Any] = {}  # a worker's functions that arrived inside calls, by pickle
+_LOADED_MAX = 256
+
+
+def load_function(data: bytes) -> Any:
+    """A function sent by ``function_bytes``, as the worker runs it: one from
+    ``__main__`` sees the globals the initializer set and brings its classes into
+    ``__main__`` (see _mainns).  Raises what unpickling raises."""
+    from fastpool._runtime import _mainns
+
+    return _mainns.adopt(loads(data))
+
+
+def function_from(data: bytes) -> Any:
+    """Unpickles a function that ``CallPickler`` sent inside a call: ``load_function``,
+    once per distinct pickle in this process (a joblib batch sends its functions with
+    every batch)."""
+    fn = _LOADED.get(data)
+    if fn is None:
+        fn = load_function(data)
+        if len(_LOADED) >= _LOADED_MAX:
+            _LOADED.clear()
+        _LOADED[data] = fn
+    return fn
+
+
+def alias_main() -> None:
+    """Lets this process unpickle what a spawned template sends back: that template
+    runs the main script as ``__mp_main__``, so the classes defined there pickle as
+    ``__mp_main__.X``.  multiprocessing sets the same alias when it is imported."""
+    main = sys.modules.get("__main__")
+    if main is not None:
+        sys.modules.setdefault("__mp_main__", main)
 
 
 def encode_result(result: Any, owned: Any = None) -> tuple[bytes, Any]:
@@ -314,7 +412,7 @@ def encode_init(init_call: tuple, arena: Any, keep: list) -> bytes:
     """The K_INIT payload: shared arrays in initargs travel as descriptors, so every
     replacement worker maps them instead of receiving their bytes again."""
     try:
-        return encode(init_call, arena, keep)[0]
+        return _pickle_call(init_call, arena, keep)
     except errors.FastPoolError:
         raise
     except Exception as exc:

@@ -122,7 +122,7 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
                 raise errors.SerializationError(
                     f"task {wire >> 3}", "its function never reached this worker (fastpool bug)")
             if type(fn) is bytes:
-                fn = _call.load_function(fn)
+                fn = _codec.load_function(fn)
                 fns[fid] = fn
             if kind == FP_K_CALL:
                 result = fn(*_loads(arg_data)) if PyBytes_GET_SIZE(arg_data) else fn()

@@ -252,6 +252,10 @@ class Template:
     def _start_spawned(self) -> tuple[Any, Socket, dict]:
         import subprocess
 
+        from fastpool._runtime import _codec
+
+        _codec.alias_main()  # its workers name __main__'s classes __mp_main__.X
+
         parent_end, child_end = _pair()
         env = dict(os.environ)
         env[ENV_FLAG] = "1"

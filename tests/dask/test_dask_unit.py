@@ -56,13 +56,13 @@ def _raises_unpicklable(x):
 
 
 def test_a_chunk_returns_results_and_its_run_time():
-    out, run_s = apply_items(pickle.dumps(_square), [1, 2, 3], False)
+    out, run_s = apply_items(_square, [1, 2, 3], False)
     assert out == [1, 4, 9] and run_s >= 0
-    assert apply_items(pickle.dumps(max), [(1, 2), (5, 4)], True)[0] == [2, 5]
+    assert apply_items(max, [(1, 2), (5, 4)], True)[0] == [2, 5]
 
 
 def test_a_failing_chunk_keeps_the_results_before_the_failure():
-    failure, _run_s = apply_items(pickle.dumps(_bad_at_3), [1, 2, 3, 4], False)
+    failure, _run_s = apply_items(_bad_at_3, [1, 2, 3, 4], False)
     assert type(failure) is ChunkFailure  # the one type for a partly failed chunk
     again = pickle.loads(pickle.dumps(failure))  # it crosses back from the child
     results, error = again.unpack()
@@ -70,7 +70,7 @@ def test_a_failing_chunk_keeps_the_results_before_the_failure():
 
 
 def test_an_unpicklable_error_in_a_chunk_becomes_remote_error_and_keeps_the_results():
-    failure, _run_s = apply_items(pickle.dumps(_raises_unpicklable), [1], False)
+    failure, _run_s = apply_items(_raises_unpicklable, [1], False)
     results, error = pickle.loads(pickle.dumps(failure)).unpack()
     assert results == [] and isinstance(error, RemoteError) and "lost" in error.message
 

@@ -122,6 +122,22 @@ def test_a_closure_defined_in_the_test_runs_with_its_captured_values(pool: fastp
     ]
 
 
+def test_a_lambda_or_local_class_anywhere_in_the_arguments_is_sent_by_value(
+    pool: fastpool.Pool,
+) -> None:
+    import functools
+
+    class Local:  # the plain pickler refuses a class defined in a function: cloudpickle's turn
+        def __init__(self, v: int) -> None:
+            self.v = v
+
+    k = 7
+    call = functools.partial(lambda f, x: f(x), lambda x: x + k)
+    assert pool.submit(call, 1).result(timeout=RESULT_S) == 8
+    assert pool.submit(_tasks.call_with, {"fn": [lambda x: x * k]}, 3).result(RESULT_S) == 21
+    assert pool.submit(getattr, Local(5), "v").result(timeout=RESULT_S) == 5
+
+
 # ---- a full queue ------------------------------------------------------------------
 
 

@@ -138,6 +138,17 @@ def test_lambdas_and_closures_are_sent_by_value():
         assert Parallel()(delayed(lambda x: x + k)(i) for i in range(4)) == [3, 4, 5, 6]
 
 
+def test_lambdas_anywhere_in_the_call_are_sent_by_value():
+    import functools
+
+    k = 10
+    with run():
+        add_k = functools.partial(lambda a, b: a + b, k)
+        assert Parallel()(delayed(add_k)(i) for i in range(3)) == [10, 11, 12]
+        assert Parallel()(delayed(T.apply)(lambda x: x * k, i) for i in range(3)) == [0, 10, 20]
+        assert Parallel()(delayed(T.apply)(x=i, fn=lambda x: -x) for i in range(2)) == [0, -1]
+
+
 def test_a_nested_parallel_inside_a_task_runs_in_a_pool_of_the_workers_own():
     with run():
         out = Parallel()(delayed(T.nested)(n) for n in (3, 4))
@@ -198,6 +209,24 @@ def test_large_arrays_cross_read_only_through_one_shared_copy():
     assert {f[:2] for f in facts} == {(False, float(x.sum()))}
     assert len({f[2] for f in facts}) == 1 and facts[0][2] is not None  # one block for the call
     assert x[0] == 0.0
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_an_array_subclass_over_max_nbytes_arrives_as_its_class():
+    # 2.4 MB each: over max_nbytes, so each crosses as the call's shared copy
+    mask = np.zeros(300_000, dtype=bool)
+    mask[:100_000] = True
+    masked = np.ma.masked_array(np.ones(300_000), mask=mask)
+    matrix = np.matrix(np.ones((500, 600)))
+    with run():
+        assert (
+            Parallel()(delayed(T.kind_and_sum)(masked) for _ in range(2))
+            == [("MaskedArray", 200_000.0)] * 2
+        )  # the mask crossed too: the masked third is not counted
+        facts = Parallel()(delayed(T.kind_and_sum)(matrix) for _ in range(2))
+        shared = Parallel()(delayed(T.array_facts)(matrix) for _ in range(2))
+    assert facts == [("matrix", 300_000.0)] * 2
+    assert shared[0][2] is not None and shared[0][2] == shared[1][2]  # one shared copy
 
 
 def test_small_arrays_are_private_writable_copies():
@@ -265,6 +294,23 @@ def test_shutdown_ends_every_pool_and_the_next_call_starts_one():
     wait_for(lambda: not (pids & workers_alive()), LEAK_GRACE_S, "its workers to be gone")
     with run():
         assert Parallel()(delayed(T.square)(i) for i in range(3)) == [0, 1, 4]
+
+
+def test_equal_options_built_afresh_share_one_pool():
+    # initargs is a list built anew for each call: equal by value, never the same object
+    def options(initargs: list) -> dict:
+        return {"initializer": T.set_offset, "initargs": (initargs,), "max_queue": 777}
+
+    def call() -> int:
+        with run(**options([1, 2])):
+            Parallel()(delayed(T.square)(i) for i in range(2))
+        return id(fastpool.joblib.get_pool(2, **options([1, 2])))
+
+    first = call()
+    assert call() == first and call() == first
+    other = fastpool.joblib.get_pool(2, **options([1, 3]))
+    assert id(other) != first
+    other.shutdown()
 
 
 def test_no_warning_from_a_plain_call():

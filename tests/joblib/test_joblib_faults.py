@@ -65,3 +65,51 @@ def test_an_error_stops_the_calls_running_batches_but_no_other_worker(tmp_path):
         wait_for(lambda: hung not in pool.pids(), 30.0, "the abandoned batch's worker to be killed")
         assert Parallel()(delayed(T.pid_of)(i) for i in range(2))
     assert os.getpid() not in pool.pids()
+
+
+EXIT_SCRIPT = """
+import sys
+import time
+
+sys.path.insert(0, {tests!r})
+import _joblib_tasks as T
+from joblib import Parallel, delayed, parallel_config
+
+import fastpool.joblib
+
+log, release = sys.argv[1], sys.argv[2]
+if __name__ == "__main__":
+    with parallel_config(backend="fastpool", n_jobs=2):
+        # 8 batches submitted at once; nobody reads the generator's results
+        gen = Parallel(return_as="generator", batch_size=1, pre_dispatch="all")(
+            delayed(T.note_then_wait)(log, release, i) for i in range(8)
+        )
+        deadline = time.monotonic() + 60
+        while open(log).read().count("\\n") < 2:  # both workers run one
+            assert time.monotonic() < deadline, "no task started"
+            time.sleep(0.01)
+        open(release, "w").close()  # the two running may end; the script ends now
+    print("OK")
+"""
+
+
+def test_exit_cancels_the_batches_an_abandoned_call_left(tmp_path):
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "abandon.py"
+    script.write_text(EXIT_SCRIPT.format(tests=tests))
+    log, release = tmp_path / "log", tmp_path / "release"
+    log.write_text("")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(log), str(release)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    ran = log.read_text().split()
+    # the two running finish; a worker's prefetched one may too; the rest never run
+    assert len(ran) <= 4, f"{len(ran)} of 8 abandoned batches ran at exit: {ran}"

@@ -62,3 +62,14 @@ def test_random_forest_matches_n_jobs_1(data):
     forest = RandomForestClassifier(n_estimators=16, random_state=0, n_jobs=2)
     parallel = _in_pool(lambda: forest.fit(X, y))
     np.testing.assert_array_equal(parallel.predict_proba(X), serial.predict_proba(X))
+
+
+def test_a_pipeline_holding_a_lambda_is_sent_by_value(data):
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import FunctionTransformer
+
+    X, y = data
+    pipe = make_pipeline(FunctionTransformer(lambda z: z * 2.0), LogisticRegression(max_iter=300))
+    serial = cross_val_score(pipe, X, y, cv=3, n_jobs=1)
+    parallel = _in_pool(lambda: cross_val_score(pipe, X, y, cv=3, n_jobs=2))
+    np.testing.assert_array_equal(parallel, serial)

@@ -83,9 +83,6 @@ UPWARD: dict[tuple[str, str], str] = {
     ("fastpool._integrations._joblib_pools", "fastpool.pool"): (
         "the joblib backend's pool cache makes and retires Pools"
     ),
-    ("fastpool._integrations._joblib_task", "fastpool.joblib"): (
-        "a batch run in a worker registers the backend for nested Parallel calls"
-    ),
     ("fastpool.__main__", "fastpool.cli"): "python -m fastpool is the CLI",
 }
 
@@ -178,7 +175,6 @@ FACADE = frozenset(
         "fastpool.mp",
         "fastpool._integrations._dask_worker",
         "fastpool._integrations._joblib_pools",
-        "fastpool._integrations._joblib_task",
     }
 )
 
