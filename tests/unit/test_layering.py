@@ -18,6 +18,11 @@ package, sub-packages included, is read, so a module added later is checked as s
 file exists; a compiled file (.pyx/.pxd) missing from ``COMPILED_LAYERS`` fails
 ``test_every_compiled_file_has_a_layer``, so a new extension must be placed before merging.
 
+Two rules hold the shape of the integrations (issue 23): only the codec room ships a call
+(no module under _integrations, nor joblib.py, mp.py or dask*.py, imports pickle or
+cloudpickle), and nothing outside fastpool/_runtime reads a dispatcher's ``_disp`` but the
+facade that owns it (``DISP_OWNERS``).
+
 Python files are read with ``ast`` (function-level imports included); Cython files line
 by line, keeping ``cimport`` (compile-time .pxd declarations) apart from ``import`` (a
 module loaded at run time).
@@ -505,3 +510,118 @@ def test_an_import_against_the_layers_is_caught(tmp_path: Path, module: str, tex
     path = tmp_path / "sample.py"
     path.write_text(text)
     assert _upward(path, module)
+
+
+# ---- one room ships a call -----------------------------------------------------------------
+
+# The codec (fastpool/_runtime/_codec.py, with _mainns and _arrays) encodes every call: the
+# integrations and facades that translate onto the pool hand it objects and never pickle a
+# call themselves (issue 23: each shipped its own, and each had its own idea of __main__).
+PICKLERS = frozenset({"pickle", "_pickle", "cloudpickle"})
+
+
+def ships_calls_itself(module: str) -> bool:
+    name = module.split(".")
+    return (
+        name[1:2] == ["_integrations"]
+        or name[1:2] in (["joblib"], ["mp"])
+        or (len(name) > 1 and name[1].startswith("dask"))
+    )
+
+
+SHIPPERS = sorted(p for p in SOURCES if ships_calls_itself(module_of(p)))
+
+
+def picklers_named(path: Path) -> set[str]:
+    """The pickle modules an import names, by any route: ``import pickle``, ``from
+    cloudpickle import dumps``, ``from joblib.externals import cloudpickle``, in a function
+    too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            dotted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            dotted = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found |= {part for name in dotted for part in name.split(".")} & PICKLERS
+    return found
+
+
+def test_the_shippers_are_found() -> None:
+    names = {module_of(p) for p in SHIPPERS}
+    assert {
+        "fastpool.joblib",
+        "fastpool.mp",
+        "fastpool.dask",
+        "fastpool._integrations._joblib_task",
+        "fastpool._integrations._dask_child",
+    } <= names
+    assert "fastpool._runtime._codec" not in names
+
+
+@pytest.mark.parametrize("path", SHIPPERS, ids=[module_of(p) for p in SHIPPERS])
+def test_only_the_codec_ships_a_call(path: Path, module: str | None = None) -> None:
+    assert picklers_named(path) == set(), (
+        f"{module or module_of(path)} imports a pickler: hand the pool objects, its codec "
+        "ships them"
+    )
+
+
+# Who may name a dispatcher's ``_disp``: the runtime that defines it, and the facade that
+# owns one per pool. Everything else asks the Pool's own methods (Pool._closed(), ...).
+DISP_OWNERS: dict[str, str] = {
+    "fastpool.pool": "the facade holds the pool's dispatcher and forwards to it",
+}
+
+
+def reads_disp(path: Path) -> bool:
+    text = path.read_text()
+    if path.suffix != ".py":
+        return re.search(r"\._disp\b|[\"']_disp[\"']", text) is not None
+    for node in ast.walk(ast.parse(text, filename=str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "_disp":
+            return True
+        if isinstance(node, ast.Constant) and node.value == "_disp":  # getattr(pool, "_disp")
+            return True
+    return False
+
+
+def _disp_readers_may(module: str) -> bool:
+    return module.startswith("fastpool._runtime.") or module in DISP_OWNERS
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[module_of(p) for p in SOURCES])
+def test_nothing_outside_the_runtime_reads_disp(path: Path, module: str | None = None) -> None:
+    module = module or module_of(path)
+    assert _disp_readers_may(module) or not reads_disp(path), (
+        f"{module} reads a dispatcher's _disp: use the Pool's methods (see DISP_OWNERS)"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "import pickle\n",
+        "import cloudpickle as cp\n",
+        "from pickle import dumps\n",
+        "def f():\n    from joblib.externals import cloudpickle\n",
+        "from joblib.externals.cloudpickle import dumps\n",
+    ],
+)
+def test_a_shipper_that_pickles_is_caught(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "sample.py"
+    path.write_text(text)
+    with pytest.raises(AssertionError):
+        test_only_the_codec_ships_a_call(path, "fastpool.mp")
+
+
+@pytest.mark.parametrize(
+    "text", ["def f(pool):\n    return pool._disp.closed\n", "x = getattr(p, '_disp', None)\n"]
+)
+def test_a_disp_reader_is_caught(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "_joblib_pools.py"
+    path.write_text(text)
+    with pytest.raises(AssertionError):
+        test_nothing_outside_the_runtime_reads_disp(path, "fastpool._integrations._joblib_pools")
