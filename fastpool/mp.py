@@ -31,17 +31,20 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import multiprocessing.pool as _mp_pool
 import queue
 import threading
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from multiprocessing import TimeoutError
 from types import MappingProxyType, TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, NoReturn, Self, TypeVar
 
 from fastpool import errors
+from fastpool._runtime._codec import RemoteTraceback as _FastpoolTraceback
 
 __all__ = [
     "ApplyResult",
@@ -49,6 +52,7 @@ __all__ = [
     "IMapIterator",
     "IMapUnorderedIterator",
     "MapResult",
+    "MaybeEncodingError",
     "Pool",
 ]
 
@@ -73,6 +77,59 @@ class _State:
         self.cache: dict[int, Any] = {}
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.callbacks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+
+# ---- errors: the ones multiprocessing raises --------------------------------------------
+
+
+class MaybeEncodingError(errors.SerializationError, _mp_pool.MaybeEncodingError):
+    """A task's result (or its exception) that could not come back to the parent: both
+    ``fastpool.SerializationError`` and ``multiprocessing.pool.MaybeEncodingError``, so
+    code written for either catches it.  ``exc`` and ``value`` are strings, as
+    multiprocessing has them: why it could not come back, and what it was."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        errors.SerializationError.__init__(self, what, reason)
+        self.exc, self.value = reason, what
+        self.args = (what, reason)  # pickles as fastpool's errors do: cls(*args)
+
+    __str__ = errors.SerializationError.__str__
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self}>"
+
+
+# What the core's SerializationError names when the way back failed, not the way out.
+_WAY_BACK = ("the result of", "the error of")
+
+
+def _as_multiprocessing(exc: BaseException) -> BaseException:
+    """``exc`` as multiprocessing would raise it: a result that could not come back is
+    a MaybeEncodingError, an argument whose pickling raised is that exception itself
+    (with fastpool's explanation as a note), and a task's exception has
+    ``multiprocessing.pool.RemoteTraceback`` as its ``__cause__`` (fastpool's carries
+    the same traceback text).  Anything else is returned as it is."""
+    if isinstance(exc, errors.SerializationError) and not isinstance(exc, MaybeEncodingError):
+        if exc.what.startswith(_WAY_BACK):
+            back = MaybeEncodingError(exc.what, exc.reason)
+            back.__cause__ = exc.__cause__
+            return back
+        cause = exc.__cause__
+        if isinstance(cause, Exception) and not isinstance(cause, errors.FastPoolError):
+            cause.add_note(str(exc))
+            return cause
+    tb = exc.__cause__
+    if type(tb) is _FastpoolTraceback:
+        exc.__cause__ = _mp_pool.RemoteTraceback(f'\n"""\n{tb.tb}"""')
+    return exc
+
+
+def _raise_as_multiprocessing(exc: BaseException) -> NoReturn:
+    """Raises ``_as_multiprocessing(exc)``; from an ``except`` block that caught ``exc``."""
+    mp_exc = _as_multiprocessing(exc)
+    if mp_exc is not exc:
+        mp_exc.__suppress_context__ = True  # the SerializationError it replaces says no more
+    raise mp_exc
 
 
 # ---- results -------------------------------------------------------------------------
@@ -114,7 +171,9 @@ class ApplyResult(Generic[R]):
 
     def get(self, timeout: float | None = None) -> R:
         """The result; raises the call's exception (its type kept, the worker's
-        traceback as ``__cause__``), ``fastpool.WorkerCrashed`` if its worker died,
+        traceback as ``__cause__``: a ``multiprocessing.pool.RemoteTraceback``),
+        ``MaybeEncodingError`` if the result could not be pickled back, the exception
+        that pickling an argument raised, ``fastpool.WorkerCrashed`` if its worker died,
         ``BrokenPool`` if the pool was terminated first, and
         ``multiprocessing.TimeoutError`` if not ready within ``timeout``."""
         self.wait(timeout)
@@ -161,7 +220,7 @@ def _outcome(fut: Future[Any]) -> tuple[bool, Any]:
     try:
         return True, fut.result()
     except BaseException as exc:  # noqa: BLE001 - the task's failure, reported on its result
-        return False, exc
+        return False, _as_multiprocessing(exc)
 
 
 class IMapIterator(Generic[R]):
@@ -273,7 +332,7 @@ def _map_job(
     try:
         values = list(st.pool.map(fn, iterable, chunksize=chunksize))
     except BaseException as exc:  # noqa: BLE001 - the map's first failure, reported on its result
-        result._deliver(False, exc)
+        result._deliver(False, _as_multiprocessing(exc))
     else:
         result._deliver(True, values)
 
@@ -296,7 +355,7 @@ def _imap_job(
                 try:
                     fut = st.pool.submit(fn, x)
                 except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable item: its own failure
-                    it._set(i, (False, exc))
+                    it._set(i, (False, _as_multiprocessing(exc)))
                 else:
                     fut.add_done_callback(lambda f, i=i: it._set(i, _outcome(f)))
         else:
@@ -308,7 +367,7 @@ def _imap_job(
             for i, value in enumerate(results):
                 it._set(i, (True, value))
     except BaseException as exc:  # noqa: BLE001 - the input or the map failed at position i + 1
-        it._set(i + 1, (False, exc))
+        it._set(i + 1, (False, _as_multiprocessing(exc)))
         it._set_length(i + 2)
     else:
         it._set_length(i + 1)
@@ -414,6 +473,18 @@ class Pool:
     def _state(self) -> str:
         return self._st.state
 
+    @_state.setter
+    def _state(self, value: str) -> None:
+        # multiprocessing's own tests set it (test_resource_warning forces RUN back)
+        self._st.state = value
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        # As multiprocessing's: a pool dropped while running is a leak worth a warning
+        # (ResourceWarning, silent by default); the finalizer then closes it.
+        st = getattr(self, "_st", None)
+        if st is not None and st.state == RUN:
+            _warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning, source=self)
+
     @property
     def fastpool(self) -> Any:
         """The ``fastpool.Pool`` underneath: its ``stats()``, ``pids()``, shared arrays."""
@@ -468,7 +539,7 @@ class Pool:
             self._st.cache.pop(result._job, None)
             raise ValueError("Pool not running") from None
         except Exception as exc:  # noqa: BLE001 - reported on the result, as multiprocessing does
-            result._deliver(False, exc)
+            result._deliver(False, _as_multiprocessing(exc))
         else:
             fut.add_done_callback(result._future_done)
         return result
@@ -488,6 +559,8 @@ class Pool:
             return list(self._st.pool.map(func, iterable, chunksize=chunksize))
         except errors.PoolClosed:
             raise ValueError("Pool not running") from None
+        except BaseException as exc:
+            _raise_as_multiprocessing(exc)
 
     def starmap(
         self,
