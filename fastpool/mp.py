@@ -611,8 +611,9 @@ class Pool:
         background (results wait in memory until read).  ``chunksize=1``: one
         task per item, and a failed item raises at its position without ending
         the iteration; larger: items travel in chunks through fastpool's map, and
-        a failure ends the iteration.  ValueError if the pool is not running or
-        ``chunksize < 1``."""
+        a failure ends the iteration.  An input that raises part-way: the results
+        of the chunks read before it, then its exception (as multiprocessing).
+        ValueError if the pool is not running or ``chunksize < 1``."""
         return self._imap(func, iterable, chunksize, IMapIterator(self._st), True)
 
     def imap_unordered(

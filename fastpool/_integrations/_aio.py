@@ -399,6 +399,7 @@ class AsyncMap(Generic[R]):
                 raise StopAsyncIteration
             await self._fill()
             if not run.pending:
+                run.raise_input_error()  # the input broke after the chunks before it
                 self.close()
                 raise StopAsyncIteration
             results, self._error = run.take(await self._take())

@@ -225,6 +225,7 @@ class MapRun:
         self.pending_bytes = 0
         self._chunk_bytes = 0  # of the chunk next_chunk returned, until sent() names its future
         self.on_submit: Callable[[Future], None] | None = None
+        self.input_error: Exception | None = None  # what reading the input raised
 
     def next_chunk(self) -> Any:
         """The next chunk to submit, or None: the window is full or the input ran out."""
@@ -232,7 +233,12 @@ class MapRun:
             return None
         if self.pending_bytes >= WINDOW_BYTES and len(self.pending) >= self.min_window:
             return None
-        chunk = self.chunks.next()
+        try:
+            chunk = self.chunks.next()
+        except Exception as exc:  # noqa: BLE001 - the input's own error: raised at its position
+            # The chunks read before it still run and come back first (multiprocessing's
+            # imap does the same); the items of the chunk it broke are not run.
+            self.input_error, chunk = exc, None
         if chunk is None:
             self.exhausted = True
         else:
@@ -252,6 +258,13 @@ class MapRun:
         """Submits chunks until the window is full or the input is exhausted."""
         while (chunk := self.next_chunk()) is not None:
             self.sent(self.target._submit_chunk(self.fn, chunk, self.star))
+
+    def raise_input_error(self) -> None:
+        """Raises, once, what reading the input raised: when every chunk read before it
+        has been taken."""
+        exc, self.input_error = self.input_error, None
+        if exc is not None:
+            raise exc
 
     def left(self) -> float | None:
         """Seconds to the deadline; raises TimeoutError once it has passed."""
@@ -291,6 +304,8 @@ class MapRun:
         stream of settled chunks' result lists, in input order or as they settle."""
         if ordered:
             self.feed()
+            if not self.pending:  # the input broke before its first chunk: raise at the call
+                self.raise_input_error()
             return _stream(self, functools.partial(_head, self))
         done: deque[Future] = deque()
         user_hook = self.on_submit
@@ -302,6 +317,8 @@ class MapRun:
 
         self.on_submit = track
         self.feed()
+        if not self.pending:
+            self.raise_input_error()
         return _stream(self, functools.partial(_first_done, self, done))
 
 
@@ -315,6 +332,7 @@ def _stream(run: MapRun, next_settled: Callable[[], Future]) -> Iterator[list]:
             yield results
             if error is not None:
                 raise error
+        run.raise_input_error()
     finally:
         run.cancel_pending()
 
@@ -377,7 +395,9 @@ def run_map(
     Returns an iterator of results, in input order (``ordered=True``) or as
     chunks settle; it holds the target, so a map keeps its pool alive.  A
     failing item's exception is raised at its position, after the results
-    before it; a chunk's own failure (crash, task timeout) is raised when its
+    before it; an exception raised by the input itself is raised after the results
+    of the chunks read before it (the items of the chunk it broke do not run);
+    a chunk's own failure (crash, task timeout) is raised when its
     turn comes; ``timeout`` (seconds from this call) raises TimeoutError.
     Whenever the iterator stops early (an error, a timeout, ``close()``, being
     dropped), the chunks not taken are cancelled: those not started never run.

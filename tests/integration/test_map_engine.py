@@ -183,3 +183,55 @@ def test_a_map_over_the_rows_of_an_array_keeps_its_window_in_items(pool: fastpoo
     mapping = pool.map(_tasks.identity, column, chunksize=5000)
     assert pool.stats()["chunks_submitted"] - _mapper.window(pool.workers, 5000) >= 16
     mapping.close()  # type: ignore[attr-defined]
+
+
+class InputBroke(Exception):
+    pass
+
+
+def _breaks_at(total: int, when: int) -> Iterator[int]:
+    for i in range(total):
+        if i == when:
+            raise InputBroke(f"item {i} could not be read")
+        yield i
+
+
+def _until_error(results: Iterator[Any]) -> tuple[list[Any], BaseException | None]:
+    got: list[Any] = []
+    try:
+        got.extend(results)
+    except InputBroke as exc:
+        return got, exc
+    return got, None
+
+
+@pytest.mark.parametrize("via", ["map", "imap_unordered", "amap"])
+def test_an_input_that_breaks_yields_the_chunks_read_before_it_then_its_error(
+    pool: fastpool.Pool, via: str
+) -> None:
+    """issue 23, defect 7 (CPython's test_imap_handle_iterable_exception): items 0-5 make three
+    chunks of 2, item 7 breaks the fourth; the three come back, then the input's own error
+    (item 6, read into the broken chunk, does not run)."""
+    if via == "amap":
+
+        async def collect() -> tuple[list[Any], BaseException | None]:
+            got: list[Any] = []
+            try:
+                async for x in pool.amap(_tasks.double, _breaks_at(20, 7), chunksize=2):
+                    got.append(x)
+            except InputBroke as exc:
+                return got, exc
+            return got, None
+
+        got, error = asyncio.run(collect())
+    else:
+        got, error = _until_error(getattr(pool, via)(_tasks.double, _breaks_at(20, 7), chunksize=2))
+    assert sorted(got) == [0, 2, 4, 6, 8, 10]
+    assert isinstance(error, InputBroke) and "item 7" in str(error)
+
+
+def test_an_input_that_breaks_before_its_first_chunk_raises_at_the_call(
+    pool: fastpool.Pool,
+) -> None:
+    with pytest.raises(InputBroke, match="item 0"):
+        pool.map(_tasks.double, _breaks_at(5, 0), chunksize=2)

@@ -202,3 +202,33 @@ def test_a_running_pool_dropped_warns_and_closes_itself() -> None:
     wait_gone(pids, WAIT_S)
     with pytest.raises(fastpool.PoolClosed):
         inner.submit(_tasks.double, 1)
+
+
+# ---- imap over an input that breaks --------------------------------------------------------
+
+
+class SayWhenError(ValueError):
+    pass
+
+
+def _says_when(total: int, when: int) -> Iterator[int]:
+    for i in range(total):
+        if i == when:
+            raise SayWhenError("Somebody said when")
+        yield i
+
+
+@pytest.mark.parametrize(("chunksize", "completed"), [(1, 3), (2, 6), (4, 4)])
+def test_imap_yields_the_completed_chunks_then_the_input_error(
+    make: Make, chunksize: int, completed: int
+) -> None:
+    """_TestPool.test_imap_handle_iterable_exception: the input breaks at item 7 (item 3 with
+    chunksize 1); the chunks read before it come back, then SayWhenError, then nothing."""
+    p = make(2)
+    when = 3 if chunksize == 1 else 7
+    it = p.imap(_tasks.double, _says_when(20, when), chunksize)
+    assert [next(it) for _ in range(completed)] == [2 * i for i in range(completed)]
+    with pytest.raises(SayWhenError):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
