@@ -24,7 +24,7 @@
 #include "fp_status.h"
 
 #define FP_BOARD_MAGIC 0x4c4f4f5054534146ULL /* "FASTPOOL" */
-#define FP_BOARD_VERSION 3u
+#define FP_BOARD_VERSION 4u
 #define FP_PAGE 4096u
 #define FP_BOARD_MAX_SLOTS 1023u              /* the arena's process table holds 1 + slots */
 
@@ -62,7 +62,9 @@ typedef struct {
     fp_a64 cancel_id;  /* a cooperative cancel request for the running task */
     fp_a64 skip_seq;   /* cancel-before-start requests so far (0: none ever) */
     fp_a64 skip[FP_SKIP_WORDS]; /* the latest requests, by task */
-    char _pad[200];
+    fp_a32 beat_parked; /* the worker's heartbeat thread sleeps on it while the worker idles */
+    fp_a32 _r0;
+    char _pad[192];
 } fp_slot_t;
 static_assert(sizeof(fp_slot_t) == 512, "slot block is 512 bytes");
 
@@ -78,6 +80,7 @@ static inline void fp_slot_reset(fp_slot_t *s)
         fp_store64_release(&s->skip[i], 0);
     fp_store32_release(&s->pid, 0);
     fp_store32_relaxed(&s->cpu, 0);
+    fp_store32_relaxed(&s->beat_parked, 0);
     fp_store32_release(&s->state, FP_SLOT_EMPTY);
     fp_add32_seqcst(&s->generation, 1);
 }
@@ -110,12 +113,40 @@ static inline int fp_slot_start(fp_slot_t *s, uint64_t task)
 {
     fp_store32_relaxed(&s->cpu, fp_cpu_tag()); /* where the parent's wait will look */
     fp_store64_seqcst(&s->current, task);
+    if (fp_load32_seqcst(&s->beat_parked)) { /* Dekker with fp_slot_park_beat */
+        fp_store32_release(&s->beat_parked, 0);
+        fp_futex_wake(&s->beat_parked, 1);
+    }
     if (fp_load64_seqcst(&s->skip_seq) == 0)
         return 0;
     for (uint32_t i = 0; i < FP_SKIP_WORDS; i++)
         if (fp_load64_seqcst(&s->skip[i]) == task)
             return 1;
     return 0;
+}
+
+/* The worker's heartbeat thread, while its worker idles: sleeps until the
+ * worker takes a task (fp_slot_start wakes it) or timeout_ns, so an idle worker
+ * wakes nobody.  It parks only if no task is current and served is still what
+ * it saw (a task that came and went since then: beat again first).  Returns
+ * 1 if it slept.  The parent times heartbeats only while a task is held, from
+ * the moment it saw that task (see _watch.liveness_kill). */
+static inline int fp_slot_park_beat(fp_slot_t *s, uint64_t served_seen, int64_t timeout_ns)
+{
+    int slept = 0;
+    fp_add32_seqcst(&s->beat_parked, 1); /* then current: pairs with fp_slot_start */
+    if (fp_load64_seqcst(&s->current) == 0 && fp_load64_acquire(&s->served) == served_seen) {
+        fp_futex_wait(&s->beat_parked, 1, timeout_ns);
+        slept = 1;
+    }
+    fp_store32_release(&s->beat_parked, 0);
+    return slept;
+}
+
+/* Whether the worker's heartbeat thread sleeps now (diagnostics, tests). */
+static inline int fp_slot_beat_parked(fp_slot_t *s)
+{
+    return fp_load32_acquire(&s->beat_parked) != 0;
 }
 
 /* The task is over (run or skipped): idle again. */

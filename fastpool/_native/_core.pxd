@@ -68,6 +68,8 @@ cdef extern from "fp_board.h" nogil:
     uint64_t fp_slot_current(fp_slot_t *s)
     void fp_slot_set_state(fp_slot_t *s, uint32_t state, uint32_t pid)
     void fp_slot_beat(fp_slot_t *s)
+    int fp_slot_park_beat(fp_slot_t *s, uint64_t served_seen, int64_t timeout_ns)
+    int fp_slot_beat_parked(fp_slot_t *s)
     int fp_slot_start(fp_slot_t *s, uint64_t task)
     void fp_slot_finish(fp_slot_t *s, int ran)
     int fp_slot_skip(fp_slot_t *s, uint64_t seq, uint64_t task)

@@ -427,6 +427,24 @@ cdef class Board:
         if self._base != NULL:
             fp_slot_beat(fp_boardv_slot(self._v, slot))
 
+    def park_beat(self, int slot, uint64_t served_seen, double timeout_s):
+        """The heartbeat thread of an idle worker: sleeps (GIL released) until the
+        worker takes a task or timeout_s passes, unless a task is current or
+        served moved off served_seen.  True if it slept."""
+        if self._base == NULL:
+            return False
+        cdef fp_slot_t *s = fp_boardv_slot(self._v, slot)
+        cdef int64_t t = _ns(timeout_s)
+        cdef int slept
+        with nogil:
+            slept = fp_slot_park_beat(s, served_seen, t)
+        return bool(slept)
+
+    def beat_parked(self, int slot):
+        """True while slot's heartbeat thread sleeps (its worker idles): worker-written."""
+        self._ok(slot)
+        return fp_slot_beat_parked(fp_boardv_slot(self._v, slot)) != 0
+
     def cancel_requested(self, int slot):
         """True if the parent asked to cancel the task this slot is running."""
         return self._base != NULL and fp_slot_cancel_requested(fp_boardv_slot(self._v, slot)) != 0

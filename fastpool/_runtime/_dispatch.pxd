@@ -37,6 +37,7 @@ cdef class DispatchCore:
     cdef int _fg_waiting
     cdef int64_t _last_fg
     cdef int _next_poll
+    cdef public bint idle_watch         # supervision sleeps: the next accepted task wakes it
 
     cdef int _acquire(self) except -1
     cdef void _release(self) noexcept

@@ -78,6 +78,7 @@ cdef enum:
 
 PARK_SLICE_S = 0.05         # every wait returns this often, so Ctrl-C and deadlines are seen
 COLLECTOR_GRACE_S = 0.002   # the collector stays away this long after a caller drove or submitted
+IDLE_PARK_S = 30.0          # the collector's wait while nothing is in flight
 cdef double _park_slice = PARK_SLICE_S
 cdef int64_t _grace_ns = <int64_t>(COLLECTOR_GRACE_S * 1e9)
 cdef double _parent_spin = 80e-6
@@ -215,6 +216,7 @@ cdef class DispatchCore:
         cdef unsigned long me = PyThread_get_thread_ident()
         cdef double deadline = -1.0, left
         cdef Py_ssize_t low
+        cdef bint wake = False
         self._acquire()
         try:
             while True:
@@ -244,11 +246,16 @@ cdef class DispatchCore:
             task.id = _next_task_id
             _next_task_id += 1
             self._inflight[task.id] = task
+            if self.idle_watch:  # after the insert: the supervisor sets it, then reads inflight
+                self.idle_watch = False
+                wake = True
             self._ledger.add(C_CHUNKS if task.items else C_SUBMITTED, 1)
             self._queue.append(task)
             self._dispatch_locked()
         finally:
             self._release()
+        if wake:
+            self._hooks.wake()  # supervision slept with nothing in flight: time this task
         self._run_events()
 
     cdef int _collect_if_free(self) except -2:
@@ -539,4 +546,6 @@ cdef class DispatchCore:
                 handoff.wait(COLLECTOR_GRACE_S)
                 handoff.clear()
             elif n == 0 and not board.wanted() and not self.torn_down:
-                board.wait_results(PARK_SLICE_S, 0.0)
+                # Nothing in flight: no reply can come, and whatever ends the loop (a
+                # shutdown, the teardown, a death) kicks the board.  The bound is a backstop.
+                board.wait_results(PARK_SLICE_S if self._inflight else IDLE_PARK_S, 0.0)

@@ -39,6 +39,9 @@ cdef object _dumps = pickle.dumps
 cdef object _iscoroutine = inspect.iscoroutine
 
 cdef int64_t RESULT_WAIT_NS = 3600 * 1000000000  # a parent reading nothing for an hour is gone
+# An idle worker's wait doubles each empty slice up to this: it wakes only to see
+# whether its template is gone (PR_SET_PDEATHSIG kills it with the template anyway).
+cdef int64_t IDLE_SLICE_MAX_NS = 5 * 1000000000
 
 # Exit codes the parent reads as "why the worker left".
 EXIT_STOPPED = 0
@@ -70,6 +73,7 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
     cdef uint32_t kind, rkind
     cdef uint64_t wire, aux, flen
     cdef int64_t t0, spin_ns = _ns(spin_s), slice_ns = _ns(pop_slice_s), spin = spin_ns
+    cdef int64_t wait_ns = slice_ns
     cdef uint64_t flags
     cdef bint skipped, sent
     cdef const char *outp
@@ -80,12 +84,14 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
     run_chunk = _call.run_chunk
     while True:
         with nogil:
-            rc = board.next_task(slot, &rec, slice_ns, spin)
+            rc = board.next_task(slot, &rec, wait_ns, spin)
         if rc == FP_AGAIN:
             spin = 0
             if os.getppid() != parent_pid:
                 return EXIT_STOPPED
+            wait_ns = min(2 * wait_ns, IDLE_SLICE_MAX_NS)
             continue
+        wait_ns = slice_ns
         if rc != FP_OK:
             return EXIT_TASK_RING_CORRUPT
         kind, wire, aux = rec.kind, rec.task_id, rec.aux

@@ -25,6 +25,8 @@ from fastpool._runtime import _arrays, _call, _codec, _mainns
 from fastpool._runtime._codec import R_INIT_FAILED, R_READY
 
 HEARTBEAT_INTERVAL_S = 0.05
+BEAT_IDLE_TICKS = 20  # beats with no task taken before the heartbeat thread sleeps (1 s)
+BEAT_PARK_S = 60.0  # the bound on that sleep; the worker's next task ends it at once
 POP_SLICE_S = 0.1
 SPIN_AFTER_TASK_S = float(os.environ.get("FASTPOOL_WORKER_SPIN_US", "60")) * 1e-6
 INIT_WAIT_S = 120.0
@@ -34,8 +36,20 @@ EXIT_INIT_FAILED = 3
 
 
 def _heartbeat(board: Any, slot: int, stop: threading.Event) -> None:
+    # The parent reads heartbeats only while this worker holds a task, so an idle
+    # worker's thread sleeps until the next task starts (fp_slot_start wakes it);
+    # after a second of idling, so that back-to-back short tasks never pay the wake.
+    idle, seen = 0, -1
     while not stop.wait(HEARTBEAT_INTERVAL_S):
         board.beat(slot)
+        _, _, cur, _, served = board.slot_info(slot)
+        if cur or served != seen:
+            idle, seen = 0, served
+            continue
+        idle += 1
+        if idle >= BEAT_IDLE_TICKS:
+            board.park_beat(slot, served, BEAT_PARK_S)
+            idle = 0
 
 
 def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) -> int:

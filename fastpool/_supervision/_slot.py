@@ -44,6 +44,8 @@ class Slot:
         "retiring",
         "start_deadline",
         "kill_pending",
+        "mem_served",
+        "wire_seen",
     )
 
     def __init__(self, sid: int, breaker: _policy.SlotBreaker) -> None:
@@ -71,6 +73,8 @@ class Slot:
         self.retiring = False
         self.start_deadline = 0.0
         self.kill_pending = False  # a SIGKILL decided before the worker's pidfd arrived
+        self.wire_seen = 0  # the task named by the dispatcher while the worker's word is 0
+        self.mem_served = -1  # the dispatcher's count of its replies at its last memory sample
 
     @property
     def live(self) -> bool:

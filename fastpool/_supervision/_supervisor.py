@@ -63,6 +63,10 @@ log = logging.getLogger("fastpool")
 
 EXIT_STATUS_WAIT_S = 1.0
 STOP_GRACE_S = 2.0
+# How long the thread keeps its timers after the last task settled before it sleeps
+# (until a submit, a death, the template or a timer wakes it): back-to-back calls never
+# pay the wake, and the workers that just ran get their last memory samples.
+IDLE_LINGER_S = 1.0
 
 _reqs = itertools.count(1)
 
@@ -106,6 +110,8 @@ class Supervisor:
         # not at once: no worker has a pid yet, and the pool's constructor waits on this
         # thread's first steps (Thread.start) while it holds the GIL
         self._next_memory_tick = time.monotonic() + settings["memory_interval_s"]
+        self._busy_until = time.monotonic() + IDLE_LINGER_S
+        self.wakeups = 0  # select returns: how often this thread woke (tests count them)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.sel = selectors.DefaultSelector()
         self.conn = _template.template().connect()
@@ -416,6 +422,7 @@ class Supervisor:
         # The template's end of file first: its workers die with it (PDEATHSIG), and
         # none of them may be given a task between one's death and the next's.
         events = sorted(self.sel.select(self._next_timeout()), key=lambda e: e[0].data[0] != "conn")
+        self.wakeups += 1
         for key, _ in events:
             what, sid = key.data
             if what == "conn":
@@ -434,13 +441,64 @@ class Supervisor:
             self._next_memory_tick = time.monotonic() + self.settings["memory_interval_s"]
             self._check_memory()
 
-    def _next_timeout(self) -> float:
+    def _next_timeout(self) -> float | None:
         s = self.settings
-        t = 0.1 if (s["task_timeout"] or s["hang_timeout"]) else 0.5
+        t: float | None = 0.1 if (s["task_timeout"] or s["hang_timeout"]) else 0.5
+        if not self._watching(time.monotonic()):
+            t = None  # nothing to time or sample: sleep until woken
         with self.lock:
-            if self._timers:
-                t = min(t, max(0.0, self._timers[0][0] - time.monotonic()))
+            timers = self._timers
+            while (
+                timers
+                and timers[0][2] == "start-deadline"
+                and (self.slots[timers[0][3]].state != "starting")
+            ):
+                heapq.heappop(timers)  # that worker started: no reason to wake then
+            if timers:
+                due = max(0.0, timers[0][0] - time.monotonic())
+                t = due if t is None else min(t, due)
         return t
+
+    def _watching(self, now: float) -> bool:
+        """Whether liveness and memory need this thread's ticks: a task is in flight, a
+        worker starts or has not been sampled since its last task, or the last task ended
+        under IDLE_LINGER_S ago.  False only once the dispatcher promised to wake us
+        (``wake``) when it accepts a task: that promise is made before the last look at
+        inflight, and the dispatcher checks it after its insert (both under the GIL)."""
+        disp = self.disp
+        if disp.inflight or self._unsampled():
+            self._busy_until = now + IDLE_LINGER_S
+            return True
+        if now < self._busy_until:
+            return True
+        disp.idle_watch = True
+        if disp.inflight:
+            disp.idle_watch = False
+            self._busy_until = now + IDLE_LINGER_S
+            return True
+        return False
+
+    def _unsampled(self) -> bool:
+        """A live worker whose memory may have changed since its last sample."""
+        if self.board.closed:
+            return False
+        for slot in self.slots:
+            if (
+                slot.pid is not None
+                and slot.live
+                and slot.kill is None
+                and self._may_have_grown(slot)
+            ):
+                return True
+        return False
+
+    def _may_have_grown(self, slot: Slot) -> bool:
+        """Starting (its initializer runs), holding a task, or served one since its last
+        sample: an idle worker that was sampled after its last task is not sampled again."""
+        if slot.state != "ready" or slot.mem is None or slot.mem.pid != slot.pid:
+            return True
+        _, _, served, assigned = self.disp.slot_view(slot.id)
+        return bool(assigned) or served != slot.mem_served
 
     def _read_template(self) -> None:
         if not select_read(self.conn, 0):
@@ -606,8 +664,8 @@ class Supervisor:
                     if task is None:
                         continue  # idle, or a reply waits to be read
                     served = self.disp.slot_view(slot.id)[2]
-                    if served != slot.served_seen:
-                        slot.served_seen, slot.cur_since = served, now
+                    if served != slot.served_seen or task.wire != slot.wire_seen:
+                        slot.served_seen, slot.wire_seen, slot.cur_since = served, task.wire, now
                 limit = _watch.task_limit(task, task_timeout)
                 kill = _watch.liveness_kill(
                     now, cur or task.wire, slot.cur_since, slot.hb_since, limit, hang_timeout
@@ -623,6 +681,9 @@ class Supervisor:
             pid = slot.pid
             if pid is None or not slot.live or slot.kill is not None:
                 continue
+            if not self._may_have_grown(slot):
+                continue  # idle since its last sample: nothing it owns has changed
+            slot.mem_served = self.disp.slot_view(slot.id)[2]  # before the sample: never late
             if slot.mem is None or slot.mem.pid != pid:
                 slot.mem = _memory.WorkerMemory(slot.id, pid)
             # what it owns: private memory, plus its own arena blocks (its NumPy arrays
@@ -681,6 +742,9 @@ class Supervisor:
         self.last_available = avail
         paused = _watch.paused_by_pressure(avail, floor)
         if paused != self.paused:
+            # the dispatcher first: stats() reports self.paused, and whoever reads
+            # "paused" there must find dispatch paused already
+            self.disp.set_paused(paused)
             self.paused = paused
             if paused:
                 self.tel.count("paused")
@@ -693,7 +757,6 @@ class Supervisor:
                 log.warning(
                     "fastpool: memory is back (%d MiB available); dispatch resumed", avail >> 20
                 )
-            self.disp.set_paused(paused)
 
     # ---- teardown --------------------------------------------------------------------
 

@@ -29,14 +29,18 @@ def liveness_kill(
     hang_timeout: float | None,
 ) -> Kill | None:
     """A worker running task ``cur`` since ``cur_since``, last heartbeat at ``hb_since``:
-    killed for its task's timeout first, else for a missing heartbeat; None if neither."""
+    killed for its task's timeout first, else for a missing heartbeat; None if neither.
+
+    A heartbeat is missing only from when the task was first seen: an idle worker's
+    heartbeat thread sleeps, and beats again once the worker takes a task."""
     if limit and now - cur_since > limit:
         return Kill(Cause.TIMEOUT, cur, f"{limit:g}")
-    if hang_timeout and now - hb_since > hang_timeout:
+    silent_since = max(hb_since, cur_since)
+    if hang_timeout and now - silent_since > hang_timeout:
         return Kill(
             Cause.HUNG,
             cur,
-            f"no heartbeat for {now - hb_since:.1f} s (hang_timeout={hang_timeout:g} s)",
+            f"no heartbeat for {now - silent_since:.1f} s (hang_timeout={hang_timeout:g} s)",
         )
     return None
 

@@ -2,9 +2,11 @@
 from evidence (a real cgroup where root allows, a fake counter everywhere), recycling that
 loses nothing, and dispatch paused under memory pressure.
 
-The pool samples memory on its supervisor thread, one tick every ``memory_interval_s``.
+The pool samples memory on its supervisor thread, one tick every ``memory_interval_s``
+while a task is in flight (an idle pool sleeps), and samples only the workers whose
+memory can have changed (busy, starting, or done with a task since their last sample).
 Tests that need "the pool has looked since X" count ticks through ``monitor`` (a spy on
-``_memory``, which the supervisor calls) instead of sleeping.
+the supervisor's memory tick and on ``_memory``) instead of sleeping.
 """
 
 import os
@@ -21,7 +23,7 @@ from _waiting import wait_for
 
 import fastpool
 from fastpool import WorkerCrashed, WorkerMemoryError
-from fastpool._supervision import _memory
+from fastpool._supervision import _memory, _supervisor
 
 pytestmark = pytest.mark.faults
 
@@ -36,15 +38,18 @@ class Monitor:
 
     def __init__(self) -> None:
         self.samples = 0
+        self.ticks = 0
         self.counter_reads: list[dict] = []
         self.hold = threading.Lock()
 
-    def wait_ticks(self, n: int = 3) -> None:
-        """Wait until ``n`` more samples are taken. With n = 3 a whole tick (sample,
-        cgroup counter, limit and leak checks) ran after the call: ticks run one after
-        another on one thread, and the first one counted may have begun before it."""
-        start = self.samples
-        wait_for(lambda: self.samples >= start + n, what=f"{n} memory ticks")
+    def wait_ticks(self, n: int = 2) -> None:
+        """Wait until ``n`` more memory ticks (samples of the busy workers, cgroup
+        counters, limit and leak checks, memory pressure) have ended.  With n = 2 a
+        whole tick ran after the call: ticks run one after another on one thread, and
+        the first one counted may have begun before it.  Ticks run only while a task
+        is in flight (or just was): an idle pool's supervisor sleeps."""
+        start = self.ticks
+        wait_for(lambda: self.ticks >= start + n, what=f"{n} memory ticks")
 
     def wait_counter_reads(self, n: int = 2) -> None:
         """Wait until the ticks read the OOM-kill counter ``n`` more times.  With n = 2
@@ -70,7 +75,16 @@ def monitor(monkeypatch: pytest.MonkeyPatch) -> Monitor:
             m.counter_reads.append(cg)
             return real_count(cg)
 
+    real_tick = _supervisor.Supervisor._check_memory
+
+    def tick(self):
+        try:
+            return real_tick(self)
+        finally:
+            m.ticks += 1
+
     monkeypatch.setattr(_memory.WorkerMemory, "sample", sample)
+    monkeypatch.setattr(_supervisor.Supervisor, "_check_memory", tick)
     monkeypatch.setattr(_memory, "oom_kill_count", count)
     return m
 
@@ -193,7 +207,7 @@ def _my_memory_cgroup() -> tuple[Path | None, bool]:
 
 @pytest.mark.linux
 @pytest.mark.slow
-def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor):
+def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to create a memory cgroup")
     parent, v2 = _my_memory_cgroup()
@@ -216,12 +230,17 @@ def test_real_kernel_oom_kill_is_confirmed_from_the_cgroup_counter(monitor):
             assert p.submit(_tasks.double, 1).result(timeout=30) == 2
             pid = p.pids()[0]
             (child / "cgroup.procs").write_text(str(pid))
-            # the monitor follows the worker into its new cgroup and reads its counter
+            # the monitor samples busy workers only (an idle one's memory cannot change):
+            # it follows this one into its new cgroup while a task holds it
+            gate = tmp_path / "go"
+            held = p.submit(_tasks.wait_for_file, str(gate))
             reads = len(monitor.counter_reads)
             wait_for(
                 lambda: sum(child in c.values() for c in monitor.counter_reads[reads:]) >= 3,
                 what=f"the monitor to read the counter of {child}",
             )
+            gate.touch()
+            assert held.result(timeout=30)
             fut = p.submit(_faulty.allocate_mib, 600)  # 3x the cgroup's limit
             with pytest.raises(WorkerMemoryError) as info:
                 fut.result(timeout=60)
@@ -261,7 +280,8 @@ def test_recycling_by_task_count_loses_and_repeats_nothing():
 def test_recycling_by_leak_threshold_between_tasks(monitor):
     with fastpool.Pool(1, leak_threshold="100MiB", memory_interval_s=0.02) as p:
         first = p.submit(_faulty.leak_mib, 1).result(timeout=30)
-        monitor.wait_ticks()  # the baseline is taken after the first task
+        slot = p._sup.slots[0]
+        wait_for(lambda: slot.baseline is not None, what="the baseline, after the first task")
         leaker = p.submit(_faulty.leak_mib, 200).result(timeout=30)
         assert leaker == first
         wait_for(lambda: p.stats()["recycled"] >= 1, 20, "the leaking worker to be recycled")
@@ -307,6 +327,38 @@ def test_a_fractional_memory_floor_is_resolved_by_the_supervisor_not_the_constru
         p._settings["available_memory"] = lambda: 2 * total()
         assert fut.result(timeout=30) == 42
         assert readers == ["fastpool-supervisor"]
+
+
+def test_a_pool_that_reports_dispatch_paused_has_paused_it(monitor):
+    # The supervisor tells of the pause (stats, its warning) only once the dispatcher
+    # holds tasks back.  It used to tell first: a submit between the two (the suite at
+    # load 1-4, here from inside the warning) was dispatched under pressure.
+    import logging
+
+    held: list = []
+
+    class SubmitOnPause(logging.Handler):
+        def emit(self, record):
+            if "dispatch paused" in record.getMessage() and not held:
+                held.append((p.stats()["dispatch_paused"], p.submit(_tasks.double, 21)))
+
+    handler = SubmitOnPause(logging.WARNING)
+    logging.getLogger("fastpool").addHandler(handler)
+    try:
+        with fastpool.Pool(2, min_available_memory="1GiB", memory_interval_s=0.02) as p:
+            assert p.submit(_tasks.double, 1).result(timeout=30) == 2
+            fut = p.submit(_tasks.sleep_then, 0, 30)  # in flight: the pool keeps looking
+            p._settings["available_memory"] = lambda: 100 * 2**20
+            wait_for(lambda: held, 10, "the pause to be told")
+            reported, queued = held[0]
+            assert reported
+            monitor.wait_ticks()
+            assert not queued.done() and p.stats()["queued"] == 1  # held back, not dispatched
+            p._settings["available_memory"] = lambda: 8 * 2**30
+            assert queued.result(timeout=30) == 42
+            p.cancel(fut, force=True)
+    finally:
+        logging.getLogger("fastpool").removeHandler(handler)
 
 
 def test_workers_auto_respects_the_memory_budget():

@@ -94,9 +94,16 @@ def test_a_tasks_own_timeout_overrides_the_pools() -> None:
 def test_liveness_kills_for_the_timeout_first_then_the_heartbeat() -> None:
     kill = _watch.liveness_kill(10.0, 8, 0.0, 0.0, 5.0, 5.0)
     assert kill is not None and kill.cause is Cause.TIMEOUT and kill.wire == 8
-    kill = _watch.liveness_kill(10.0, 8, 9.0, 0.0, 5.0, 5.0)
+    kill = _watch.liveness_kill(10.0, 8, 4.0, 2.0, 7.0, 5.0)
     assert kill is not None and kill.cause is Cause.HUNG
     assert _watch.liveness_kill(10.0, 8, 9.0, 9.0, 5.0, 5.0) is None
+
+
+def test_a_heartbeat_is_missing_only_from_when_its_task_was_seen() -> None:
+    # an idle worker's heartbeat thread sleeps: the last beat before the task says nothing
+    assert _watch.liveness_kill(10.0, 8, 9.0, 0.0, None, 5.0) is None
+    kill = _watch.liveness_kill(15.0, 8, 9.0, 0.0, None, 5.0)
+    assert kill is not None and kill.cause is Cause.HUNG and "6.0 s" in kill.detail
     assert _watch.liveness_kill(10.0, 8, 0.0, 0.0, None, None) is None
 
 

@@ -1,0 +1,79 @@
+"""An idle pool sleeps, and supervision keeps its promises when work comes back.
+
+Every wait here is on an event the pool exposes (the supervisor's select called with no
+timeout, a worker's heartbeat thread asleep), never on a sleep: the claims are about
+what wakes, not about how long anything takes.
+"""
+
+import _faulty
+import _tasks
+import pytest
+from _waiting import wait_for
+
+import fastpool
+from fastpool import WorkerHung
+
+pytestmark = pytest.mark.faults
+
+
+def _spy_select(sup):
+    """Records the timeout of every select the supervisor thread makes."""
+    timeouts: list = []
+    real = sup.sel.select
+
+    def select(timeout=None):
+        timeouts.append(timeout)
+        return real(timeout)
+
+    sup.sel.select = select
+    return timeouts
+
+
+def test_an_idle_pools_supervisor_blocks_until_a_task_comes():
+    with fastpool.Pool(2, hang_timeout=60.0) as p:
+        sup = p._sup
+        timeouts = _spy_select(sup)
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
+        # nothing in flight: the thread ends its ticks and blocks with no timeout
+        wait_for(lambda: None in timeouts, what=lambda: f"a blocking select: {timeouts[-5:]}")
+        asleep = sup.wakeups
+        woke = len(timeouts)
+        # a task wakes it: it times the task again (ticks with a timeout)
+        fut = p.submit(_tasks.sleep_then, 3, 0.5)
+        wait_for(lambda: any(t is not None for t in timeouts[woke:]), what="the supervisor to wake")
+        assert sup.wakeups > asleep
+        assert fut.result(timeout=30) == 3
+
+
+def test_an_idle_workers_heartbeat_sleeps_and_a_long_task_still_beats():
+    with fastpool.Pool(1, hang_timeout=0.5) as p:
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
+        wait_for(lambda: p._board.beat_parked(0), what="the idle worker's heartbeat to sleep")
+        before = p._board.slot_info(0)[3]
+        # its next task wakes it: a 1.5 s task beats through it, and is not declared hung
+        assert p.submit(_tasks.sleep_then, "ok", 1.5).result(timeout=30) == "ok"
+        assert p._board.slot_info(0)[3] > before
+        assert p.stats()["crashed"] == 0 and p.stats()["killed"] == 0
+
+
+def test_an_idle_then_hung_worker_is_declared_hung():
+    with fastpool.Pool(1, hang_timeout=0.5, backoff_base_s=0.01) as p:
+        timeouts = _spy_select(p._sup)
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
+        wait_for(lambda: p._board.beat_parked(0), what="the idle worker's heartbeat to sleep")
+        wait_for(lambda: None in timeouts, what="the supervisor to sleep")
+        with pytest.raises(WorkerHung) as info:
+            p.submit(_faulty.sigstop_self).result(timeout=30)
+        assert "heartbeat" in str(info.value)
+        assert p.submit(_tasks.double, 3).result(timeout=30) == 6
+
+
+def test_memory_limits_still_apply_after_the_pool_slept():
+    with fastpool.Pool(1, memory_limit="300MiB", memory_interval_s=0.02) as p:
+        timeouts = _spy_select(p._sup)
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
+        wait_for(lambda: None in timeouts, what="the supervisor to sleep")
+        with pytest.raises(fastpool.WorkerMemoryError) as info:
+            p.submit(_faulty.allocate_mib, 600).result(timeout=60)
+        assert info.value.reason == "memory-limit"
+        assert p.submit(_tasks.double, 4).result(timeout=30) == 8
