@@ -9,6 +9,7 @@ from fastpool._runtime._task import PoolFuture
 
 PARK_SLICE_S: float
 COLLECTOR_GRACE_S: float
+IDLE_PARK_S: float
 COUNTER_NAMES: tuple[str, ...]
 
 def set_parent_spin(seconds: float) -> None: ...
@@ -21,6 +22,8 @@ class DispatchCore:
     def max_queue(self) -> int: ...
     @property
     def torn_down(self) -> bool: ...
+    # the supervisor sets it before it sleeps; the next accepted task clears it and wakes it
+    idle_watch: bool
     def __init__(
         self,
         board: Board,
