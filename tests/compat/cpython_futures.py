@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import sys
 import time
@@ -203,13 +202,14 @@ def _python_ok_with_fastpool(original):
 def build_suite() -> unittest.TestSuite:
     util, process_pool, shutdown, wait, as_completed, init, deadlock = _load_suites()
 
-    class FastpoolMixin(util.ExecutorMixin):
-        executor_type = FastpoolExecutor
+    class FastpoolMixin(util.ProcessPoolForkserverMixin):
+        """The suites' own forkserver mixin with fastpool as the executor type: whatever
+        the interpreter's mixins provide (3.14's ``create_event`` and per-test ``manager``)
+        comes with it.  The tests' synchronisation objects (Semaphore, Queue, Manager) use
+        the forkserver context; fastpool's template-forked workers are closest to it, and
+        the ``mp_context`` the mixin passes is accepted and ignored."""
 
-        def get_context(self):
-            # the tests' own synchronisation objects (Semaphore, Queue, Manager) need a context;
-            # fastpool's template-forked workers are closest to forkserver's
-            return multiprocessing.get_context("forkserver")
+        executor_type = FastpoolExecutor
 
     shutdown.assert_python_ok = _python_ok_with_fastpool(shutdown.assert_python_ok)
     mixins = {

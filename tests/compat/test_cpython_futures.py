@@ -1,10 +1,16 @@
 """CPython's own ``test.test_concurrent_futures`` suites against ``fastpool.Pool``.
 
-Runs tests/compat/cpython_futures.py under a CPython 3.13 that ships its ``test`` package
-(pyenv's does; set FASTPOOL_CPYTHON to another interpreter), with this checkout built for it
-in a cached virtualenv keyed by the hash of the sources. Every test must pass, be skipped with
-a reason, or fail as listed in the adapter's EXPECTED_FAILURES (mirrored in docs/migrating.md).
-The first build takes about a minute; a warm run about 40 s.
+Runs tests/compat/cpython_futures.py twice where it can:
+
+- under a CPython 3.13 that ships its ``test`` package (pyenv's does; set FASTPOOL_CPYTHON to
+  another interpreter), with this checkout built for it in a cached virtualenv keyed by the
+  hash of the sources (the first build takes about a minute; a warm run about 40 s);
+- under the interpreter running this suite, when it is 3.14 or later and has its ``test``
+  package (tools/python314.sh makes such a 3.14, with Debian's libpython3.14-testsuite), on
+  this checkout as it is built in place.
+
+Every test must pass, be skipped with a reason, or fail as listed in the adapter's
+EXPECTED_FAILURES (mirrored in docs/migrating.md).
 """
 
 from __future__ import annotations
@@ -37,11 +43,7 @@ def _interpreter() -> str | None:
     candidates += sorted(glob.glob("/root/.pyenv/versions/3.13*/bin/python3.13"))
     candidates.append(shutil.which("python3.13"))
     for exe in filter(None, candidates):
-        probe = subprocess.run(
-            [exe, "-c", "import test.test_concurrent_futures.test_deadlock"],
-            capture_output=True,
-        )
-        if probe.returncode == 0:
+        if _has_test_package(exe):
             return exe
     return None
 
@@ -95,18 +97,15 @@ def _venv(python: str) -> Path:
     return venv
 
 
-def test_cpython_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
-    python = _interpreter()
-    if python is None:
-        pytest.skip(
-            "no CPython 3.13 with its test package (test.test_concurrent_futures) was found; "
-            "install one with pyenv or point FASTPOOL_CPYTHON at it"
-        )
-    venv = _venv(python)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+def _has_test_package(exe: str) -> bool:
+    probe = [exe, "-c", "import test.test_concurrent_futures.test_deadlock"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def _run_adapter(python: str, env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "outcomes.json"
     proc = subprocess.run(
-        [str(venv / "bin" / "python"), str(ADAPTER), "--json", str(out)],
+        [python, str(ADAPTER), "--json", str(out)],
         cwd=tmp_path,  # not the checkout: its fastpool/ would shadow the installed one
         env=env,
         capture_output=True,
@@ -125,3 +124,26 @@ def test_cpython_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
     assert not bad, "\n\n".join(f"{k}: {o}\n{detail}" for k, (o, detail) in bad.items())
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert counts["passed"] >= 35  # the suites really ran
+
+
+def test_cpython_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
+    python = _interpreter()
+    if python is None:
+        pytest.skip(
+            "no CPython 3.13 with its test package (test.test_concurrent_futures) was found; "
+            "install one with pyenv or point FASTPOOL_CPYTHON at it"
+        )
+    venv = _venv(python)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    _run_adapter(str(venv / "bin" / "python"), env, tmp_path)
+
+
+def test_this_interpreters_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
+    """3.14's own suites, when this suite runs under 3.14 (tools/python314.sh)."""
+    if sys.version_info < (3, 14):
+        pytest.skip(f"runs under Python 3.14 or later (this is {sys.version.split()[0]})")
+    if not _has_test_package(sys.executable):
+        pytest.skip(f"{sys.executable} has no test.test_concurrent_futures package")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout, as built in place for this interpreter
+    _run_adapter(sys.executable, env, tmp_path)
