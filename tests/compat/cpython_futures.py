@@ -30,7 +30,9 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
+import traceback
 import unittest
 from typing import Any
 
@@ -240,6 +242,10 @@ class _Result(unittest.TextTestResult):
     is a finding too, not the end of the run)."""
 
     journal: Any = None
+    # a test still running after this many seconds is recorded "timed out" (with every
+    # thread's stack) and its process ends; a fresh one goes on with the rest
+    limit_s: float = 120.0
+    _watchdog: Any = None
 
     def _key(self, test: unittest.TestCase) -> str:
         return f"{type(test).__name__.removeprefix('Fastpool')}.{test._testMethodName}"
@@ -250,7 +256,24 @@ class _Result(unittest.TextTestResult):
 
     def startTest(self, test):
         self._log(test, "started")
+        self._watchdog = threading.Timer(self.limit_s, self._timed_out, (test,))
+        self._watchdog.daemon = True
+        self._watchdog.start()
         super().startTest(test)
+
+    def stopTest(self, test):
+        self._watchdog.cancel()
+        super().stopTest(test)
+
+    def _timed_out(self, test: unittest.TestCase) -> None:
+        frames = sys._current_frames()
+        stacks = "".join(
+            f"thread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+            for t in threading.enumerate()
+            if t.ident in frames and t is not threading.current_thread()
+        )
+        self._log(test, "timed out", f"still running after {self.limit_s:.0f} s\n{stacks}"[-4000:])
+        os._exit(3)
 
     def addSuccess(self, test):
         super().addSuccess(test)
@@ -358,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             ("failed", "failed"),
             ("errors", "error"),
             ("crashed", "crashed"),
+            ("timed_out", "timed out"),
             ("skipped", "skipped"),
             ("expected_failures", "expected failure"),
             ("unexpected_successes", "unexpected success"),
@@ -371,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = {
         k: v
         for k, v in outcomes.items()
-        if v[0] in ("failed", "error", "crashed", "unexpected success")
+        if v[0] in ("failed", "error", "crashed", "timed out", "unexpected success")
     }
     for key, (outcome, detail) in sorted(bad.items()):
         print(f"{outcome.upper()}: {key}\n{detail}", file=sys.stderr)
