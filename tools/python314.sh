@@ -186,17 +186,25 @@ make_venv() {
     for old in "$ROOTFS"/opt/fastpool-venv-*; do  # an earlier checkout's: one kept
         [ -d "$old" ] && rm -rf "$old"
     done
-    say "making the 3.14 venv $VENV (pip install -e '.[test]')"
+    say "making the 3.14 venv $VENV (the build, runtime and test requirements, then fastpool)"
     cat >"$ROOTFS/tmp/fastpool-venv.sh" <<'SH'
 set -e
 python3.14 -m venv "$1"
 cd /src
-# the build requirements too: build_core rebuilds the compiled core in place with them
-python3.14 -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' |
-    xargs "$1/bin/python" -m pip install -q
-"$1/bin/python" -m pip install -q -e '.[test]'
+# One build: the requirements first (wheels; pip's cache stays in the root, so a changed
+# checkout downloads nothing again), then fastpool itself with --no-build-isolation, which
+# builds the compiled core once, in place, with the Cython and NumPy just installed (an
+# isolated build would download them again into a throwaway environment and build twice).
+python3.14 -c '
+import tomllib
+t = tomllib.load(open("pyproject.toml", "rb"))
+print(*t["build-system"]["requires"], *t["project"]["dependencies"],
+      *t["project"]["optional-dependencies"]["test"], sep="\n")' >/tmp/fastpool-reqs.txt
+"$1/bin/python" -m pip install -q -r /tmp/fastpool-reqs.txt
+"$1/bin/python" -m pip install -q --no-build-isolation --no-deps -e .
 SH
-    in_root /bin/sh /tmp/fastpool-venv.sh "$VENV" >"$CACHE/pip.log" 2>&1 ||
+    in_root env PIP_CACHE_DIR=/var/cache/fastpool-pip /bin/sh /tmp/fastpool-venv.sh "$VENV" \
+        >"$CACHE/pip.log" 2>&1 ||
         unavailable "pip install in the 3.14 venv failed (see $CACHE/pip.log): $(tail -n 5 "$CACHE/pip.log")"
     touch "$ROOTFS$VENV/ready"
     say "venv ready in $((SECONDS - t0)) s"
