@@ -2,6 +2,8 @@
 # A CPython 3.14 to test fastpool under, made from Debian's registry (PyPI carries no
 # interpreters; Debian's sid has python3.14 with its test package), then commands run in it.
 #
+#   tools/python314.sh root           make (or reuse) the root only (no compiler runs: .ci/run
+#                                     starts it early, in the background, while it installs)
 #   tools/python314.sh setup          make (or reuse) the root and the venv, then exit
 #   tools/python314.sh run CMD...     run CMD in this checkout, under the 3.14 venv
 #   tools/python314.sh pytest ARGS... the same as: run python -m pytest ARGS...
@@ -186,22 +188,23 @@ make_venv() {
     for old in "$ROOTFS"/opt/fastpool-venv-*; do  # an earlier checkout's: one kept
         [ -d "$old" ] && rm -rf "$old"
     done
-    say "making the 3.14 venv $VENV (the build, runtime and test requirements, then fastpool)"
+    say "making the 3.14 venv $VENV (the build, runtime and test requirements)"
     cat >"$ROOTFS/tmp/fastpool-venv.sh" <<'SH'
 set -e
 python3.14 -m venv "$1"
 cd /src
-# One build: the requirements first (wheels; pip's cache stays in the root, so a changed
-# checkout downloads nothing again), then fastpool itself with --no-build-isolation, which
-# builds the compiled core once, in place, with the Cython and NumPy just installed (an
-# isolated build would download them again into a throwaway environment and build twice).
+# The requirements only (wheels; pip's cache stays in the root, so a changed checkout
+# downloads nothing again).  fastpool itself is not pip-installed: build_core compiles it
+# once, in place, with the Cython and NumPy installed here, and a .pth file puts /src on
+# the venv's path, as an editable install would (pip's editable build would compile it a
+# second time, in an isolated environment with its own Cython and NumPy downloaded).
 python3.14 -c '
 import tomllib
 t = tomllib.load(open("pyproject.toml", "rb"))
 print(*t["build-system"]["requires"], *t["project"]["dependencies"],
       *t["project"]["optional-dependencies"]["test"], sep="\n")' >/tmp/fastpool-reqs.txt
 "$1/bin/python" -m pip install -q -r /tmp/fastpool-reqs.txt
-"$1/bin/python" -m pip install -q --no-build-isolation --no-deps -e .
+echo /src >"$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/fastpool-src.pth"
 SH
     in_root env PIP_CACHE_DIR=/var/cache/fastpool-pip /bin/sh /tmp/fastpool-venv.sh "$VENV" \
         >"$CACHE/pip.log" 2>&1 ||
@@ -217,7 +220,9 @@ build_core() {
         { say "building the compiled core under 3.14 failed:"; tail -n 30 "$CACHE/build.log" >&2; exit 1; }
 }
 
-setup() {
+# The lock is held until this script ends, by `run` too: a command never sees a root or
+# venv that another python314.sh is still making.
+lock_cache() {
     check_can
     mkdir -p "$CACHE"
     exec 9>"$CACHE/lock"
@@ -225,6 +230,10 @@ setup() {
         say "another python314.sh holds $CACHE/lock; waiting"
         flock 9
     fi
+}
+
+setup() {
+    lock_cache
     make_root
     make_venv
     build_core
@@ -236,6 +245,10 @@ case "$cmd" in
     why)
         check_can
         echo "python314.sh: can make or reuse a 3.14 root in $ROOTFS"
+        ;;
+    root)
+        lock_cache
+        make_root
         ;;
     setup)
         setup
@@ -250,7 +263,7 @@ case "$cmd" in
             "$VENV" "$@"
         ;;
     *)
-        sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 2
         ;;
 esac
