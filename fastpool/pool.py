@@ -510,18 +510,25 @@ class Pool(Executor):
         tasks a worker held but had not started fail with ``BrokenPool``, queued ones are
         cancelled: none of them runs, and no replacement worker starts.  Later ``submit``
         raises ``PoolClosed``.  Returns without waiting; idempotent and thread-safe."""
-        self._force_shutdown(signal.SIGTERM, "terminate_workers")
+        self._force_shutdown(operation="terminate")
 
     def kill_workers(self) -> None:
         """Python 3.14's ``ProcessPoolExecutor.kill_workers()``: as ``terminate_workers``,
         with SIGKILL.  Thread-safe."""
-        self._force_shutdown(signal.SIGKILL, "kill_workers")
+        self._force_shutdown(operation="kill")
 
-    def _force_shutdown(self, sig: int, method: str) -> None:
+    # ProcessPoolExecutor's private name and signature (3.14): its own tests of
+    # terminate_workers()/kill_workers() patch it and call it
+    _FORCE_SHUTDOWN = {"terminate": signal.SIGTERM, "kill": signal.SIGKILL}
+
+    def _force_shutdown(self, operation: str) -> None:
+        if operation not in self._FORCE_SHUTDOWN:
+            raise ValueError(f"Unsupported operation: {operation!r}")
+        sig = self._FORCE_SHUTDOWN[operation]
         # the queue first, as ProcessPoolExecutor does: nothing queued reaches a worker
         # that is about to die; then each death is judged as forced (nothing requeued)
         self.shutdown(wait=False, cancel_futures=True)
-        self._sup.force_stop(sig, f"Pool.{method}() sent {signal.Signals(sig).name}")
+        self._sup.force_stop(sig, f"Pool.{operation}_workers() sent {sig.name}")
 
     def drain(self) -> None:
         """Settles every accepted task (none is cancelled or lost), then tears down.

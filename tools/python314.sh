@@ -43,6 +43,7 @@ ROOT_KEY="sid minbase 1: $PACKAGES"
 CHECKOUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ROOTFS="$CACHE/root"
 UNAVAILABLE=3
+DEBOOTSTRAP="${FASTPOOL_DEBOOTSTRAP:-$(command -v debootstrap || echo /usr/sbin/debootstrap)}"
 
 say() { echo "python314.sh: $*" >&2; }
 unavailable() {
@@ -55,7 +56,7 @@ check_can() {
     [ "$(uname -s)" = Linux ] || unavailable "needs Linux"
     command -v unshare >/dev/null || unavailable "needs unshare (util-linux)"
     if [ ! -f "$ROOTFS/.fastpool-root" ] || [ "$(cat "$ROOTFS/.fastpool-root")" != "$ROOT_KEY" ]; then
-        command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] ||
+        [ -x "$DEBOOTSTRAP" ] ||
             unavailable "needs debootstrap: apt-get update && apt-get install -y debootstrap"
     fi
 }
@@ -153,7 +154,7 @@ make_root() {
     if [ ! -f "$ROOTFS/.fastpool-debootstrap" ]; then
         say "making a Debian sid root in $ROOTFS (debootstrap --variant=minbase)"
         rm -rf "$ROOTFS.partial" "$ROOTFS"
-        debootstrap --variant=minbase sid "$ROOTFS.partial" "$MIRROR" \
+        "$DEBOOTSTRAP" --variant=minbase sid "$ROOTFS.partial" "$MIRROR" \
             >"$CACHE/debootstrap.log" 2>&1 ||
             unavailable "debootstrap failed (see $CACHE/debootstrap.log): $(tail -n 3 "$CACHE/debootstrap.log")"
         mv "$ROOTFS.partial" "$ROOTFS"

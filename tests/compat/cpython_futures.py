@@ -70,6 +70,34 @@ SKIPPED: dict[str, str] = {
     "ExecutorDeadlockTest.test_gh105829_should_not_deadlock_if_wakeup_pipe_full": (
         "patches concurrent.futures.process._ExecutorManagerThread and _ThreadWakeup"
     ),
+    # new in 3.14
+    "ProcessPoolExecutorTest.test_broken_process_pool_traceback": (
+        "reads executor._processes to terminate a worker"
+    ),
+    "ProcessPoolExecutorTest.test_force_shutdown_workers": (
+        "reads executor._processes and wraps each worker's Process.terminate/kill to see them "
+        "called; the rest of it (a task waiting on a manager Event is stopped, nothing after "
+        "it runs, the with block ends) is tests/integration/test_compat_details.py's "
+        "test_terminate_and_kill_workers_stop_a_task_waiting_on_a_manager_event"
+    ),
+    "ProcessPoolExecutorTest.test_force_shutdown_workers_stops_pool": (
+        "reads executor._processes to join a worker; test_compat_details.py's "
+        "test_terminate_and_kill_workers_stop_running_and_queued_work checks the same: "
+        "submit() raises RuntimeError after it and the worker is gone"
+    ),
+    "ProcessPoolExecutorTest.test_shutdown_no_wait_max_tasks_gh119592": (
+        "reads executor._executor_manager_thread"
+    ),
+    "ProcessPoolExecutorTest.test_gc_during_max_tasks_worker_exit_gh152967": (
+        "reads executor._executor_manager_thread"
+    ),
+    "ProcessPoolExecutorTest.test_force_shutdown_during_max_tasks_worker_exit": (
+        "reads executor._executor_manager_thread and sets executor._force_shutting_down"
+    ),
+    "ProcessPoolExecutorTest.test_failed_worker_replacement_breaks_pool": (
+        "reads executor._executor_manager_thread and patches "
+        "concurrent.futures.process._spawn_worker"
+    ),
 }
 
 # test id -> the deliberate difference that makes it fail (mirrored in docs/migrating.md)
@@ -91,7 +119,19 @@ EXPECTED_FAILURES: dict[str, str] = {
     "FailingInitializerMixin.test_initializer": (
         "a failing initializer is retried with backoff until the slot's breaker opens "
         "(CircuitOpen, a BrokenExecutor), logged on the 'fastpool' logger; the test wants a "
-        "CRITICAL record on 'concurrent.futures' and reads executor._broken"
+        "CRITICAL record on 'concurrent.futures' and reads executor._broken (3.14: its setUp "
+        "passes a multiprocessing.Queue in initargs for the workers' log records, which "
+        "Pool() refuses with TypeError, naming a Manager() queue instead)"
+    ),
+    "ProcessPoolExecutorTest.test_map_buffersize_without_iterable": (
+        "map() with no iterable raises TypeError, as the builtin map() does; Executor.map "
+        "returns an empty iterator"
+    ),
+    "ProcessPoolExecutorTest.test_map_buffersize_when_buffer_is_full": (
+        "buffersize counts chunks, as ProcessPoolExecutor's does, but chunksize=None picks "
+        "chunks of several items (4 at first for an input without a length), so "
+        "buffersize=2 reads all 4 items where ProcessPoolExecutor (chunksize=1) reads 2; "
+        "with chunksize=1 it reads 2"
     ),
     "ExecutorDeadlockTest.test_error_at_task_pickle": (
         "a call that cannot be pickled raises SerializationError (a PicklingError) from "
@@ -183,19 +223,21 @@ class FastpoolExecutor(fastpool.Pool):
 
 def _python_ok_with_fastpool(original):
     """``assert_python_ok`` for the shutdown tests' child scripts: they import the executor
-    type by name from ``concurrent.futures``; import ``fastpool.Pool`` under that name instead,
-    and keep PYTHONPATH so the child finds the same fastpool."""
+    type by name from ``concurrent.futures``; import this adapter's ``FastpoolExecutor``
+    instead (3.14's scripts pass ``mp_context=``), with this directory and the PYTHONPATH
+    on the child's path so that it finds the same fastpool."""
 
     def run(*args: str, **env: str):
         args = tuple(
             a.replace(
                 "from concurrent.futures import FastpoolExecutor",
-                "from fastpool import Pool as FastpoolExecutor",
+                "from cpython_futures import FastpoolExecutor",
             )
             for a in args
         )
         env.setdefault("__isolated", False)
-        env.setdefault("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        path = [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]
+        env.setdefault("PYTHONPATH", os.pathsep.join(filter(None, path)))
         return original(*args, **env)
 
     return run
@@ -256,6 +298,7 @@ class _Result(unittest.TextTestResult):
 
     def startTest(self, test):
         self._log(test, "started")
+        self._subtest_failures: list[str] = []
         self._watchdog = threading.Timer(self.limit_s, self._timed_out, (test,))
         self._watchdog.daemon = True
         self._watchdog.start()
@@ -263,7 +306,17 @@ class _Result(unittest.TextTestResult):
 
     def stopTest(self, test):
         self._watchdog.cancel()
+        # a test whose subtests failed gets neither addSuccess nor addFailure
+        if self._subtest_failures:
+            self._log(test, "failed", "\n".join(self._subtest_failures)[-2000:])
         super().stopTest(test)
+
+    def addSubTest(self, test, subtest, err):
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            self._subtest_failures.append(
+                f"{subtest._subDescription()}: " + self._exc_info_to_string(err, test)[-1000:]
+            )
 
     def _timed_out(self, test: unittest.TestCase) -> None:
         frames = sys._current_frames()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import time
 from concurrent.futures import BrokenExecutor
 
@@ -102,3 +103,29 @@ def test_terminate_and_kill_workers_run_nothing_a_worker_had_prefetched(method, 
     pool.shutdown(wait=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["started"]  # none of them ran
     assert pool.stats()["crashed"] + pool.stats()["killed"] <= 1
+
+
+def _put_wait_put(q, e) -> None:
+    q.put("started")
+    e.wait()
+    q.put("finished")
+
+
+@pytest.mark.parametrize("method", ["terminate_workers", "kill_workers"])
+def test_terminate_and_kill_workers_stop_a_task_waiting_on_a_manager_event(method):
+    """CPython 3.14's own test_force_shutdown_workers, but for its look at
+    executor._processes: a task waits on a Manager event (forkserver, 3.14's default) that
+    is never set; the method stops it, the with block ends, nothing after the wait runs."""
+    with multiprocessing.get_context("forkserver").Manager() as m:
+        q, e = m.Queue(), m.Event()
+        with fastpool.Pool(1) as pool:
+            fut = pool.submit(_put_wait_put, q, e)
+            assert q.get(timeout=60) == "started"
+            pid = pool.pids()[0]
+            getattr(pool, method)()
+        with pytest.raises(BrokenExecutor):
+            fut.result(timeout=0)
+        with pytest.raises(queue.Empty):
+            q.get(timeout=0.01)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
