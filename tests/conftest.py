@@ -261,6 +261,21 @@ def _shm() -> set[str]:
 _PID_IN_NAME = re.compile(r"^(?:fp_|joblib_memmapping_folder_|sem\.loky-|loky-)(\d+)[_-]")
 
 
+def _tqdm_lock() -> set[str]:
+    """The /dev/shm name of tqdm's process-wide write lock, if tqdm made it.
+
+    tqdm's first bar makes ``TqdmDefaultWriteLock.mp_lock``, a ``multiprocessing.RLock``
+    that lives as long as the process.  Under fork (multiprocessing's default before
+    3.14) its POSIX semaphore is unlinked at once; under forkserver (3.14's default on
+    Linux) it keeps its name, ``/dev/shm/sem.mp-*``, until multiprocessing's exit
+    finalizer (or its resource tracker, after a kill) unlinks it.  It is tqdm's, made in
+    this process by tqdm: fastpool makes no POSIX semaphore (its shared memory is memfd)."""
+    std = sys.modules.get("tqdm.std")
+    lock = getattr(getattr(std, "TqdmDefaultWriteLock", None), "mp_lock", None)
+    name = getattr(getattr(lock, "_semlock", None), "name", None)
+    return {"sem." + name.lstrip("/")} if name else set()
+
+
 def _foreign_shm(names: set[str]) -> set[str]:
     """The new /dev/shm entries another process tree made while the test ran.
 
@@ -268,9 +283,10 @@ def _foreign_shm(names: set[str]) -> set[str]:
     time, so a new entry is only charged to this test when it cannot be
     attributed elsewhere: its name carries a live pid outside this process tree,
     or a process outside this tree has it mapped (multiprocessing's sem.mp-*
-    names carry no pid, but their owner maps them)."""
+    names carry no pid, but their owner maps them), or it is tqdm's process-wide
+    lock (``_tqdm_lock``).  Any other semaphore this process made is charged."""
     tree = {os.getpid()} | _descendants()
-    foreign = set()
+    foreign = names & _tqdm_lock()
     for name in names:
         m = _PID_IN_NAME.match(name)
         if m and int(m.group(1)) not in tree and psutil.pid_exists(int(m.group(1))):

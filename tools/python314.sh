@@ -15,9 +15,10 @@
 #                python3.14-venv, libpython3.14-testsuite (test.test_concurrent_futures,
 #                test._test_multiprocessing) and gcc.  Keyed by ROOT_KEY below: a changed
 #                package list makes a new root, nothing else does.
-#   root/opt/fastpool-venv-KEY/   a 3.14 venv with the checkout's dependencies and test
-#                extras, keyed by the hash of pyproject.toml and setup.py: a changed checkout
-#                rebuilds only the venv (and, through setup.py, the compiled core).
+#   root/opt/fastpool-venv-KEY/   a 3.14 venv with the build, runtime and test requirements
+#                of pyproject.toml, keyed by their hash: a checkout whose requirements
+#                changed rebuilds only the venv.  The compiled core is built in place on
+#                every command (setuptools recompiles only what changed).
 # The checkout reaches the root as a bind mount at /src (read-write: the compiled core for
 # 3.14 is built in place, as the README's install does; its files carry the cpython-314 tag,
 # so they sit beside the host interpreter's without touching them, and git ignores them).
@@ -175,35 +176,38 @@ APT
     say "root ready in $((SECONDS - t0)) s: $(in_root python3.14 --version)"
 }
 
-venv_key() {
-    cat "$CHECKOUT/pyproject.toml" "$CHECKOUT/setup.py" | sha256sum | cut -c1-16
+# What the venv holds: the build, runtime and test requirements pyproject.toml lists.  The
+# venv is keyed by them alone; the compiled core is build_core's, redone on every change.
+requirements() {
+    in_root python3.14 -c '
+import tomllib
+t = tomllib.load(open("/src/pyproject.toml", "rb"))
+print(*t["build-system"]["requires"], *t["project"]["dependencies"],
+      *t["project"]["optional-dependencies"]["test"], sep="\n")'
 }
 
 make_venv() {
     copy_host_config
-    VENV="/opt/fastpool-venv-$(venv_key)"
+    local reqs
+    reqs="$(requirements)"
+    VENV="/opt/fastpool-venv-$(printf '%s\n' "$reqs" | sha256sum | cut -c1-16)"
     if [ -f "$ROOTFS$VENV/ready" ]; then
         return
     fi
     local t0=$SECONDS old
-    for old in "$ROOTFS"/opt/fastpool-venv-*; do  # an earlier checkout's: one kept
+    for old in "$ROOTFS"/opt/fastpool-venv-*; do  # other requirements': one venv kept
         [ -d "$old" ] && rm -rf "$old"
     done
     say "making the 3.14 venv $VENV (the build, runtime and test requirements)"
+    printf '%s\n' "$reqs" >"$ROOTFS/tmp/fastpool-reqs.txt"
+    # The requirements only (wheels; pip's cache stays in the root, so a new venv downloads
+    # nothing again).  fastpool itself is not pip-installed: build_core compiles it once, in
+    # place, with the Cython and NumPy installed here, and a .pth file puts /src on the
+    # venv's path, as an editable install would (pip's editable build would compile it a
+    # second time, in an isolated environment with its own Cython and NumPy downloaded).
     cat >"$ROOTFS/tmp/fastpool-venv.sh" <<'SH'
 set -e
 python3.14 -m venv "$1"
-cd /src
-# The requirements only (wheels; pip's cache stays in the root, so a changed checkout
-# downloads nothing again).  fastpool itself is not pip-installed: build_core compiles it
-# once, in place, with the Cython and NumPy installed here, and a .pth file puts /src on
-# the venv's path, as an editable install would (pip's editable build would compile it a
-# second time, in an isolated environment with its own Cython and NumPy downloaded).
-python3.14 -c '
-import tomllib
-t = tomllib.load(open("pyproject.toml", "rb"))
-print(*t["build-system"]["requires"], *t["project"]["dependencies"],
-      *t["project"]["optional-dependencies"]["test"], sep="\n")' >/tmp/fastpool-reqs.txt
 "$1/bin/python" -m pip install -q -r /tmp/fastpool-reqs.txt
 echo /src >"$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/fastpool-src.pth"
 SH

@@ -138,6 +138,7 @@ def test_cpython_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
     _run_adapter(str(venv / "bin" / "python"), env, tmp_path)
 
 
+@pytest.mark.peer_suite  # .ci/py314 runs the adapter itself, after the 3.14 suite
 def test_this_interpreters_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
     """3.14's own suites, when this suite runs under 3.14 (tools/python314.sh)."""
     if sys.version_info < (3, 14):

@@ -1,11 +1,14 @@
-"""The conftest leak check sees what it must: fds by target, orphans as descendants."""
+"""The conftest leak check sees what it must: fds by target, orphans as descendants, and
+/dev/shm entries charged to their maker (tqdm's process-wide lock is tqdm's)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import _descendants, _fds, _new_fds
 
@@ -67,3 +70,37 @@ def test_an_orphaned_grandchild_is_still_a_descendant() -> None:
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+TESTS = Path(__file__).resolve().parents[1]
+
+# Under forkserver (3.14's default on Linux) a multiprocessing semaphore keeps its name
+# in /dev/shm while it lives; set here so that every Python shows it.
+SCRIPT = """
+import json, multiprocessing, sys
+multiprocessing.set_start_method("forkserver")
+sys.path.insert(0, sys.argv[1])
+import conftest, tqdm
+before = conftest._shm()
+for _ in tqdm.tqdm(range(3), file=open("/dev/null", "w")):  # tqdm's lock, made by tqdm
+    pass
+after_tqdm = conftest._shm()
+ours = multiprocessing.Lock()  # a semaphore a test (or fastpool) would have made
+new = conftest._shm() - before
+print(json.dumps({"tqdm": sorted(after_tqdm - before), "new": sorted(new),
+                  "foreign": sorted(conftest._foreign_shm(new))}))
+"""
+
+
+def test_tqdms_lock_is_not_charged_but_another_semaphore_is() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert len(seen["tqdm"]) == 1 and seen["tqdm"][0].startswith("sem.mp-")
+    assert len(seen["new"]) == 2  # tqdm's and ours
+    assert seen["foreign"] == seen["tqdm"]  # ours is still charged
