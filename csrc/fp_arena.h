@@ -48,7 +48,7 @@
 #include "fp_status.h"
 
 #define FP_ARENA_MAGIC 0x414e455241504646ULL /* "FFPARENA" */
-#define FP_ARENA_VERSION 2u
+#define FP_ARENA_VERSION 3u
 #define FP_BLOCK_MAGIC 0x4b434f4c42504646ULL /* "FFPBLOCK" */
 #define FP_ARENA_PAGE 4096u
 #define FP_ARENA_MAX_PROCS 1024u
@@ -70,7 +70,8 @@ typedef struct {
     char _pad0[8];
     fp_a64 committed;    /* bytes of block space ever bumped, all regions */
     fp_a64 gen_seq;      /* arena-wide: a generation is never reused at any offset */
-    char _pad1[48];
+    fp_a64 returned;     /* bytes every process's trims gave back to the kernel (stats only) */
+    char _pad1[40];
     /* fp_a64 top[nprocs] follows at offset 128 */
 } fp_arena_t;
 static_assert(sizeof(fp_arena_t) == 128, "arena header is 128 bytes");
@@ -498,6 +499,35 @@ static inline void fp_arena_unbump(const fp_arena_view_t *v, uint32_t p, const f
         fp_add64_relaxed(&fp_arena_head(v)->committed, (uint64_t)0 - blk->size);
     }
     fp_store32_release(&fp_block_counts(fp_arena_block(v, blk->off))[p], 0);
+}
+
+/* The owner p takes a free block of its own region out of reuse, to give its
+ * pages back: a new generation first, then the counts again, as the allocator
+ * claims a block, so a racing fp_arena_ref with a stale descriptor either sees
+ * the new generation and backs off, or is seen here and the block is left
+ * alone.  1: claimed, p holds the one reference (fp_arena_unref drops it);
+ * 0: someone references it.  Only p may call this for region p (it is the
+ * only process that merges, splits or reuses that region's blocks). */
+static inline int fp_arena_claim_free(const fp_arena_view_t *v, uint32_t p, uint64_t off)
+{
+    fp_block_t *b = fp_arena_block(v, off);
+    if (p >= v->nprocs || !fp_block_reusable(v, b))
+        return 0;
+    fp_store64_seqcst(&b->gen, fp_arena_next_gen(v));
+    if (!fp_block_free(v, b))
+        return 0;
+    fp_store32_release(&fp_block_counts(b)[p], 1);
+    return 1;
+}
+
+static inline void fp_arena_add_returned(const fp_arena_view_t *v, uint64_t n)
+{
+    fp_add64_relaxed(&fp_arena_head(v)->returned, n);
+}
+
+static inline uint64_t fp_arena_returned(const fp_arena_view_t *v)
+{
+    return fp_load64_relaxed(&fp_arena_head(v)->returned);
 }
 
 /* -------------------------------------------------------------- references */

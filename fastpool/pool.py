@@ -574,8 +574,12 @@ class Pool(Executor):
         ``calls_cancelled``), map chunks (``chunks_submitted``, ``chunks_completed``,
         ...) and the items of completed chunks (``items_completed``) are counted apart;
         ``crashed`` counts deaths nobody asked for, ``killed`` the kills fastpool
-        made (timeout, memory, hang, forced cancel, damage).  Thread-safe; cheap
-        enough to call once a second."""
+        made (timeout, memory, hang, forced cancel, damage).  ``arena`` says what the
+        shared arena holds, in bytes: ``held_bytes`` (its pages in memory now),
+        ``live_bytes`` (in blocks in use), ``free_bytes`` (freed, warm or given back),
+        ``reserve_bytes`` (the most idle trims keep warm), ``returned_bytes`` (what trims
+        gave back so far), ``high_water_bytes`` and ``budget_bytes`` (docs/arrays.md).
+        Thread-safe; cheap enough to call once a second."""
         disp, sup = self._disp, self._sup
         out: dict[str, Any] = {**disp.counts(), **self._tel.counts()}
         waits, runs = disp.samples()
@@ -589,6 +593,7 @@ class Pool(Executor):
             available_memory_bytes=sup.last_available,
             memory_limit_bytes=self._settings["memory_limit"],
             crashes=self._tel.crashes(),
+            arena=self._arena.memory(),
             latency={
                 "queue_wait_us": telemetry.percentiles(waits),
                 "run_us": telemetry.percentiles(runs),

@@ -38,8 +38,9 @@ What the hook never does:
   there; in the parent np.zeros lands in the arena too (fresh blocks are the
   kernel's zero pages, a reused one is cleared), so that it crosses without a copy;
 - give pages back when a block is freed: they stay mapped for the next array
-  ("warm"); the pool gives them back when it closes (a worker's, when the
-  parent reclaims its region after a death).
+  ("warm") until the process's idle trim (Arena.trim, beyond its warm reserve),
+  the pool's close, or (a worker's) the parent's reclaim of its region after a
+  death; a reused block whose pages a trim gave back takes them again at once.
 
 NumPy calls the handler with the GIL held; _free also copes without it
 (PyGILState_Ensure), since the bookkeeping it touches is the GIL's.  The
@@ -59,7 +60,7 @@ from libc.string cimport memcpy, memset, strncpy
 from fastpool._native._arena cimport (
     FP_ARENA_PAGE, Arena, commit_pages, fp_arena_alloc_capped, fp_arena_blk_t,
     fp_arena_damage_t, fp_arena_unbump,
-    fp_arena_unref, fp_arena_view_t,
+    fp_arena_unref, fp_arena_view_t, recommit,
 )
 from fastpool._native._sys cimport FP_OK
 
@@ -134,6 +135,8 @@ ctypedef struct hook_t:
     PyObject *arena             # owned: the pointers below point into it
     fp_arena_view_t *v
     uint64_t *own_top
+    uint64_t *allocs            # the Arena's count of blocks taken (its trims watch it)
+    uint64_t *npunched          # the Arena's count of pages a trim gave back
     uint32_t *held
     Py_ssize_t *blocks
     bint *closed
@@ -172,6 +175,7 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
     cdef fp_arena_damage_t d
     cdef fp_arena_view_t *v = h.v
     cdef uint64_t fresh = 0, i, first
+    cdef int rc = 0
     if (not h.serving or h.closed[0] or v.base == NULL
             or PyGILState_Check() != 1 or getpid() != h.pid):
         return NULL
@@ -189,6 +193,13 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
             if h.held[i]:  # free by its counts, yet held here: see Arena._holds_any
                 fp_arena_unref(v, h.proc, b.off)
                 return NULL
+        if h.npunched[0]:  # a trim gave some of its pages back: take them again now
+            with gil:
+                rc = recommit(<Arena>h.arena, b.off, b.size)
+            if rc != 0:
+                fp_arena_unref(v, h.proc, b.off)
+                return NULL
+    h.allocs[0] += 1
     if h.live == 0:
         # The first live hook array pins the mapping (one Block count), so it
         # outlives the pool's shutdown while any hook array lives.
@@ -359,6 +370,7 @@ cdef Hook _hook_for(Arena arena):
     Py_INCREF(arena)
     h.v, h.own_top, h.held, h.blocks = &arena._v, &arena._own_top, arena._held, &arena._blocks
     h.closed, h.fd, h.proc = &arena.closed, &arena._fd, arena.proc
+    h.allocs, h.npunched = &arena.allocs, &arena._npunched
     h.lo = arena._v.regions_offset + <uint64_t>arena.proc * arena._v.region_size
     h.hi = h.lo + arena._v.region_size
     h.pid = getpid()

@@ -2,7 +2,7 @@
 # Block classes other extensions may cimport.  fp_arena_t and fp_block_t stay
 # opaque: only fp_arena_* functions touch shared fields, through the private
 # view each Arena keeps.
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
 cdef extern from "fp_arena.h" nogil:
     int FP_NOSPACE, FP_STALE
@@ -61,6 +61,9 @@ cdef extern from "fp_arena.h" nogil:
     int fp_arena_held(const fp_arena_view_t *v, uint32_t p, uint64_t *bytes, fp_arena_damage_t *dmg)
     int fp_arena_usage(const fp_arena_view_t *v, uint64_t *live, uint64_t *idle, uint64_t *nlive,
                        fp_arena_damage_t *dmg)
+    int fp_arena_claim_free(const fp_arena_view_t *v, uint32_t p, uint64_t off)
+    void fp_arena_add_returned(const fp_arena_view_t *v, uint64_t n)
+    uint64_t fp_arena_returned(const fp_arena_view_t *v)
     int fp_arena_reset_region(const fp_arena_view_t *v, uint32_t r, uint64_t keep_below,
                               uint64_t *quarantined, fp_arena_damage_t *dmg)
 
@@ -72,6 +75,7 @@ cdef enum:
 
 
 cdef int commit_pages(int fd, unsigned char *base, uint64_t off, uint64_t length) noexcept nogil
+cdef int recommit(Arena a, uint64_t off, uint64_t size) noexcept
 
 
 cdef class Arena:
@@ -82,6 +86,9 @@ cdef class Arena:
                                  # there (calloc, lazy)
     cdef uint64_t *_seen_end     # per region: where the furthest block this process ever
                                  # referenced ends
+    cdef uint8_t *_punched       # per page of the own region: a trim gave it back (calloc, lazy)
+    cdef uint64_t _npunched      # pages flagged in _punched
+    cdef readonly uint64_t allocs  # blocks this process took in its region (Arena.alloc, hook)
     cdef int _fd
     cdef readonly uint32_t proc
     cdef readonly uint64_t token

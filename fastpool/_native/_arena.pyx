@@ -47,7 +47,7 @@ import operator
 import os
 import weakref
 
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT
 
@@ -68,6 +68,10 @@ PARENT = 0
 ARENA_MIN_BYTES = 1 << 20
 ARENA_MAX_DEFAULT_BYTES = 64 << 30
 MEMINFO_CHECK_BYTES = 16 << 20  # fresh blocks this large check MemAvailable first
+# What a trim keeps of each process's freed blocks, mapped and warm for the next
+# arrays (the small ones first in the chain: pickles, small arrays, a few slices);
+# the pages of the rest go back to the kernel (docs/arrays.md, "Memory that comes back").
+TRIM_RESERVE_BYTES = 16 << 20
 
 _registry = {}  # token -> weakref to the Arena of that token in this process
 
@@ -175,11 +179,31 @@ cdef int commit_pages(int fd, unsigned char *base, uint64_t off, uint64_t length
     return rc
 
 
+cdef int recommit(Arena a, uint64_t off, uint64_t size) noexcept:
+    """Takes again the pages of a reused block [off, off + size) of a's own region that
+    a trim gave back, so that its next copy runs at memcpy speed and a page the kernel
+    cannot supply fails here, not as a SIGBUS on first touch: 0, or -1 with errno."""
+    cdef uint64_t i, first
+    cdef bint any_ = False
+    if a._npunched == 0 or a._punched == NULL:
+        return 0
+    first = (off - a._own_base()) // FP_ARENA_PAGE
+    for i in range(first, first + size // FP_ARENA_PAGE):
+        if a._punched[i]:
+            a._punched[i] = 0
+            a._npunched -= 1
+            any_ = True
+    if not any_:
+        return 0
+    return commit_pages(a._fd, a._v.base, off, size)
+
+
 cdef class Arena:
     """One mapping of a pool's arena.  The parent creates it; each worker attaches by fd.
 
     Thread safety: alloc, ref and the Block methods run with the GIL held and
-    never release it, so the one-allocator-per-region rule holds per process.
+    never release it, so the one-allocator-per-region rule holds per process;
+    so does trim (a punch of a large block holds it for a few milliseconds).
     """
 
     def __cinit__(self):
@@ -188,6 +212,7 @@ cdef class Arena:
         self._fd = -1
         self._own_top = FP_ARENA_TOP_UNKNOWN
         self._held = NULL
+        self._punched = NULL
 
     @staticmethod
     def create(nworkers, budget, str name="fastpool-arena"):
@@ -352,6 +377,7 @@ cdef class Arena:
         self._unmap()
         free(self._held)
         free(self._seen_end)
+        free(self._punched)
         if self._fd >= 0:
             close(self._fd)
 
@@ -423,6 +449,7 @@ cdef class Arena:
         cdef uint64_t fresh_len = 0
         check(self, fp_arena_alloc(&self._v, self.proc, nbytes, &b, &fresh_len, &self._own_top, &d),
               &d, nbytes)
+        self.allocs += 1
         if fresh_len:
             try:
                 self._commit(b.off, fresh_len, nbytes)
@@ -437,6 +464,10 @@ cdef class Arena:
                 "a free block covers one this process still holds (its counts were "
                 "zeroed, or a size was forged)",
                 b.off - self._own_base())
+        elif recommit(self, b.off, b.size) != 0:
+            e = errno
+            fp_arena_unref(&self._v, self.proc, b.off)
+            raise self._nospace(nbytes, f"the kernel refused the pages: {os.strerror(e)}")
         blk = self._block(&b, False)
         blk.fresh = fresh_len != 0
         return blk
@@ -539,6 +570,98 @@ cdef class Arena:
         self._punch_free_region(slot + 1)
         check(self, rc, &d)
         return held
+
+    def trim(self, uint64_t reserve=TRIM_RESERVE_BYTES):
+        """Gives back to the kernel the pages of this process's freed blocks beyond
+        ``reserve`` bytes of them, which stay mapped for the next arrays.
+
+        Only the region's owner reuses its blocks, so only it trims them: each block
+        is claimed first (fp_arena_claim_free: nothing can reference or reuse it
+        meanwhile), its data pages punched out of the memfd (every process's
+        mapping of them goes with them; its header page stays for the walks), then
+        released, its pages flagged so that the allocator takes them again
+        (recommit) when it reuses the block.  A block anyone references is never
+        touched, so no live array ever reads the zeros of a punched page.  The GIL
+        stays held.  Returns (bytes given back now, live
+        blocks left in the region: what may still be freed and trimmed later).
+        A closed arena, or a damaged region (past its damage), trims nothing."""
+        cdef fp_arena_walk_t w
+        cdef uint64_t off = 0, s = 0, skip = fp_arena_align(self._v.hdr, FP_ARENA_PAGE)
+        cdef uint64_t kept = 0, given = 0, live = 0, i, first, last, lo
+        cdef int rc = 0, free_ = 0
+        cdef bint done
+        if self.closed or self._fd < 0 or self._v.base == NULL:
+            return 0, 0
+        lo = self._own_base()
+        if self._punched == NULL:
+            self._punched = <uint8_t *>calloc(self._v.region_size // FP_ARENA_PAGE, 1)
+            if self._punched == NULL:
+                raise MemoryError()
+        if fp_arena_walk_begin(&w, &self._v, self.proc) != FP_OK:
+            return 0, 0
+        while fp_arena_walk_next(&w, &off, &s) == 1:
+            if fp_arena_is_free(&self._v, off, &free_) != FP_OK or not free_:
+                live += 1
+                continue
+            if s <= skip:
+                continue
+            first = (off + skip - lo) // FP_ARENA_PAGE
+            last = (off + s - lo) // FP_ARENA_PAGE
+            done = True
+            for i in range(first, last):
+                if not self._punched[i]:
+                    done = False
+                    break
+            if done:
+                continue  # given back already, and not reused since
+            if kept + s <= reserve:
+                kept += s
+                continue
+            if not fp_arena_claim_free(&self._v, self.proc, off):
+                live += 1
+                continue
+            # With the GIL held: in the parent any thread allocates in region 0 (the
+            # NumPy hook), and this walk must not see the chain change under it.
+            rc = fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                           <long>(off + skip), <long>(s - skip))
+            fp_arena_unref(&self._v, self.proc, off)
+            if rc != 0:
+                break  # the kernel cannot punch this memfd: nothing more to do here
+            for i in range(first, last):
+                if not self._punched[i]:
+                    self._punched[i] = 1
+                    self._npunched += 1
+            given += s - skip
+        if given and self._v.base != NULL:
+            fp_arena_add_returned(&self._v, given)
+        return given, live
+
+    def memory(self):
+        """What the arena holds, in bytes (stats()["arena"]): ``budget_bytes``;
+        ``high_water_bytes``, what the regions grew to (= ``live_bytes`` + ``free_bytes``:
+        blocks tile each region up to its top); ``live_bytes``, in blocks someone
+        references; ``free_bytes``, in freed blocks, warm or given back;
+        ``held_bytes``, the memory the arena holds now, read from the kernel (the memfd's
+        pages: the arena's header page, live blocks, the warm reserves, one header page
+        per freed block); ``reserve_bytes``,
+        the most that trims keep warm (TRIM_RESERVE_BYTES per process);
+        ``returned_bytes``, what trims gave back, all processes, since the pool started."""
+        u = self._usage(False)
+        resident = 0
+        if self._fd >= 0:
+            try:
+                resident = os.fstat(self._fd).st_blocks * 512
+            except OSError:
+                pass
+        return dict(
+            budget_bytes=u["budget_bytes"],
+            high_water_bytes=u["live_bytes"] + u["free_bytes"],
+            live_bytes=u["live_bytes"],
+            free_bytes=u["free_bytes"],
+            held_bytes=resident,
+            reserve_bytes=TRIM_RESERVE_BYTES * self._v.nprocs,
+            returned_bytes=fp_arena_returned(&self._v) if self._v.base != NULL else 0,
+        )
 
     def check_region(self, uint32_t region):
         """Walks region (0: the parent, 1 + s: worker slot s); returns its block count.

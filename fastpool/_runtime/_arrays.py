@@ -526,6 +526,16 @@ def process_arena() -> Any:
     return _PROCESS_ARENA[0]
 
 
+def trim_process_arena() -> bool:
+    """Gives back the pages of this process's freed arena blocks beyond its warm
+    reserve (Arena.trim).  True while blocks of its region are still live, which a
+    later trim may give back once they are freed; False with no arena."""
+    arena = process_arena()
+    if arena is None:
+        return False
+    return bool(arena.trim()[1])
+
+
 def set_process_arena(arena: Any) -> None:
     """A worker's own arena: results are encoded into it, and NumPy allocates large
     arrays in it (fastpool/_native/_alloc.pyx) once numpy is imported."""

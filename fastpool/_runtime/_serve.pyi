@@ -2,6 +2,7 @@
 
 from fastpool._native._core import Board
 
+TRIM_IDLE_SLICES: int
 EXIT_STOPPED: int
 EXIT_RESULT_STUCK: int
 EXIT_TASK_RING_CORRUPT: int

@@ -21,7 +21,7 @@ import pickle
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
-from fastpool._runtime import _call, _codec
+from fastpool._runtime import _arrays, _call, _codec
 
 from fastpool import errors
 from fastpool._runtime._lazy import asyncio  # only a task returning a coroutine needs it
@@ -42,6 +42,11 @@ cdef int64_t RESULT_WAIT_NS = 3600 * 1000000000  # a parent reading nothing for 
 # An idle worker's wait doubles each empty slice up to this: it wakes only to see
 # whether its template is gone (PR_SET_PDEATHSIG kills it with the template anyway).
 cdef int64_t IDLE_SLICE_MAX_NS = 5 * 1000000000
+# Idle pop slices after a task (0.1 s, then 0.2 s: they double) before the worker trims
+# its arena region (gives back the pages of freed blocks beyond its warm reserve): a
+# worker waiting for the next of a run of calls keeps its warm blocks, and what a batch
+# left goes back within half a second (docs/arrays.md, "Memory that comes back").
+TRIM_IDLE_SLICES = 2
 
 # Exit codes the parent reads as "why the worker left".
 EXIT_STOPPED = 0
@@ -75,7 +80,8 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
     cdef int64_t t0, spin_ns = _ns(spin_s), slice_ns = _ns(pop_slice_s), spin = spin_ns
     cdef int64_t wait_ns = slice_ns
     cdef uint64_t flags
-    cdef bint skipped, sent
+    cdef bint skipped, sent, trim_due = False
+    cdef int idle = 0
     cdef const char *outp
     cdef Py_ssize_t outn
     encode_exception = _codec.encode_exception
@@ -89,6 +95,11 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
             spin = 0
             if os.getppid() != parent_pid:
                 return EXIT_STOPPED
+            idle += 1
+            if trim_due and idle >= TRIM_IDLE_SLICES:
+                # again at later slices while blocks of the region are live: the
+                # parent may free a result (or the worker a kept array) later
+                trim_due = _arrays.trim_process_arena()
             wait_ns = min(2 * wait_ns, IDLE_SLICE_MAX_NS)
             continue
         wait_ns = slice_ns
@@ -184,3 +195,4 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
         if damaged:
             return EXIT_ARENA_CORRUPT  # the parent repairs the region before a replacement uses it
         spin = spin_ns
+        idle, trim_due = 0, True

@@ -67,6 +67,11 @@ STOP_GRACE_S = 2.0
 # (until a submit, a death, the template or a timer wakes it): back-to-back calls never
 # pay the wake, and the workers that just ran get their last memory samples.
 IDLE_LINGER_S = 1.0
+# How long nothing is in flight and the parent takes no arena block before this thread
+# trims the parent's arena region (Arena.trim: the pages of freed blocks beyond its warm
+# reserve go back to the kernel), well inside IDLE_LINGER_S.  A run of calls never
+# waits for it: only a pause does (docs/arrays.md, "Memory that comes back").
+TRIM_QUIET_S = 0.1
 
 _reqs = itertools.count(1)
 
@@ -111,6 +116,7 @@ class Supervisor:
         # thread's first steps (Thread.start) while it holds the GIL
         self._next_memory_tick = time.monotonic() + settings["memory_interval_s"]
         self._busy_until = time.monotonic() + IDLE_LINGER_S
+        self._trim_seen, self._trim_quiet_since, self._trim_due = -1, 0.0, False
         self.wakeups = 0  # select returns: how often this thread woke (tests count them)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.sel = selectors.DefaultSelector()
@@ -440,6 +446,19 @@ class Supervisor:
         if time.monotonic() >= self._next_memory_tick:
             self._next_memory_tick = time.monotonic() + self.settings["memory_interval_s"]
             self._check_memory()
+        self._maybe_trim()
+
+    def _maybe_trim(self) -> None:
+        """Trims the parent's arena region once the pool has been quiet for TRIM_QUIET_S:
+        nothing in flight and no block taken by this process (calls, share, the NumPy
+        hook).  Again at later ticks while blocks of the region are live (a result or
+        an array the caller still holds may be freed later)."""
+        arena, now = self.arena, time.monotonic()
+        if self.disp.inflight or arena.allocs != self._trim_seen:
+            self._trim_seen, self._trim_quiet_since, self._trim_due = arena.allocs, now, True
+            return
+        if self._trim_due and now - self._trim_quiet_since >= TRIM_QUIET_S:
+            self._trim_due = bool(arena.trim()[1])
 
     def _next_timeout(self) -> float | None:
         s = self.settings

@@ -1,0 +1,60 @@
+"""Memory comes back (issue 24, wanted 3): after a batch of large arrays sent by value,
+the parent and the workers trim their arena regions once the pool is idle, so what the
+arena holds falls to its warm reserve plus the blocks still in use; results the caller
+still holds are intact.  Every wait is on what the kernel reports for the arena's
+memfd (stats()["arena"]["held_bytes"]), never a sleep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _waiting import wait_for
+
+import fastpool
+
+MIB = 1 << 20
+N = 4 * MIB  # float64: 32 MiB a slice
+
+
+def doubled(x: np.ndarray) -> np.ndarray:
+    return x * 2
+
+
+def test_a_batch_of_large_arrays_gives_its_memory_back_once_the_pool_is_idle():
+    with fastpool.Pool(2) as pool:
+        out = np.empty(8)
+        for i, r in enumerate(pool.map(doubled, (np.full(N, i, float) for i in range(8)))):
+            out[i] = r[0]
+            del r
+        assert list(out) == [2.0 * i for i in range(8)]
+        mem = pool.stats()["arena"]
+
+        def given_back() -> bool:
+            m = pool.stats()["arena"]
+            return m["held_bytes"] <= m["reserve_bytes"] + m["live_bytes"]
+
+        wait_for(given_back, 30, lambda: f"the arena to trim: {pool.stats()['arena']}")
+        after = pool.stats()["arena"]
+        assert after["returned_bytes"] > 0
+        assert after["held_bytes"] < mem["high_water_bytes"]
+
+
+@pytest.mark.parametrize("kept", [0, 7])
+def test_results_held_while_the_pool_trims_keep_their_data(kept):
+    with fastpool.Pool(2) as pool:
+        results = list(pool.map(doubled, (np.full(N, i, float) for i in range(8)), chunksize=1))
+        mine = results[kept]
+        del results
+
+        def trimmed() -> bool:
+            m = pool.stats()["arena"]
+            return m["returned_bytes"] > 0 and m["held_bytes"] <= (
+                m["reserve_bytes"] + m["live_bytes"]
+            )
+
+        wait_for(trimmed, 30, lambda: f"the arena to trim: {pool.stats()['arena']}")
+        assert (mine == 2.0 * kept).all()
+        # a second batch reuses the trimmed blocks
+        again = list(pool.map(doubled, (np.full(N, i, float) for i in range(8)), chunksize=1))
+        assert all((r == 2.0 * i).all() for i, r in enumerate(again))
+        assert (mine == 2.0 * kept).all()
