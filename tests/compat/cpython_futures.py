@@ -231,7 +231,9 @@ def _python_ok_with_fastpool(original):
         args = tuple(
             a.replace(
                 "from concurrent.futures import FastpoolExecutor",
-                "from cpython_futures import FastpoolExecutor",
+                # 3.13's test_hang_gh83386 calls multiprocessing.set_start_method under
+                # a ctx (the forkserver mixin's) without importing it; 3.14's imports it
+                "from cpython_futures import FastpoolExecutor; import multiprocessing",
             )
             for a in args
         )
