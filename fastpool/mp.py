@@ -38,7 +38,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from multiprocessing import TimeoutError
 from types import MappingProxyType, TracebackType
 from typing import Any, Generic, NoReturn, Self, TypeVar
@@ -240,6 +240,7 @@ class IMapIterator(Generic[R]):
         self._index = 0
         self._length: int | None = None
         self._unsorted: dict[int, tuple[bool, Any]] = {}
+        self._sealed = False  # terminate() ended it: what the job still sends is dropped
         st.cache[self._job] = self
 
     def __iter__(self) -> IMapIterator[R]:
@@ -260,6 +261,8 @@ class IMapIterator(Generic[R]):
 
     def _set(self, i: int, obj: tuple[bool, Any]) -> None:
         with self._cond:
+            if self._sealed:
+                return
             if self._index == i:
                 self._items.append(obj)
                 self._index += 1
@@ -273,6 +276,8 @@ class IMapIterator(Generic[R]):
 
     def _set_length(self, length: int) -> None:
         with self._cond:
+            if self._sealed:
+                return
             self._length = length
             self._cond.notify()
             self._finish_if_done()
@@ -282,7 +287,8 @@ class IMapIterator(Generic[R]):
             self._st.cache.pop(self._job, None)
 
     def _fail(self, exc: BaseException) -> None:
-        """terminate(): the items not yet in fail once, then the iteration ends."""
+        """terminate(): the items not yet in fail once, then the iteration ends; what
+        the job still sends (it may be reading its input) is dropped."""
         with self._cond:
             if self._length is None or self._index < self._length:
                 self._items.append((False, exc))
@@ -290,6 +296,7 @@ class IMapIterator(Generic[R]):
                 self._length = self._index
                 self._unsorted.clear()
                 self._cond.notify()
+            self._sealed = True
             self._st.cache.pop(self._job, None)
 
 
@@ -298,6 +305,8 @@ class IMapUnorderedIterator(IMapIterator[R]):
 
     def _set(self, i: int, obj: tuple[bool, Any]) -> None:
         with self._cond:
+            if self._sealed:
+                return
             self._items.append(obj)
             self._index += 1
             self._cond.notify()
@@ -550,15 +559,20 @@ class Pool:
         """``[func(x) for x in iterable]`` run in the workers, as a list in input order.
 
         Raises the first failure in input order (the chunks not yet started are
-        then cancelled).  ``chunksize=None``: fastpool picks it from the length.
+        then cancelled), and ``fastpool.BrokenPool`` if another thread terminates
+        the pool first.  ``chunksize=None``: fastpool picks it from the length.
         Runs on the calling thread.  ValueError if the pool is not running or
         ``chunksize < 1``."""
         self._check_running()
         _check_chunksize(chunksize)
         try:
             return list(self._st.pool.map(func, iterable, chunksize=chunksize))
-        except errors.PoolClosed:
-            raise ValueError("Pool not running") from None
+        except (errors.PoolClosed, CancelledError, errors.BrokenPool) as exc:
+            if self._st.state == TERMINATE:  # terminate() from another thread
+                raise _terminated("map") from exc
+            if isinstance(exc, errors.PoolClosed):
+                raise ValueError("Pool not running") from None
+            _raise_as_multiprocessing(exc)
         except BaseException as exc:
             _raise_as_multiprocessing(exc)
 
@@ -660,28 +674,35 @@ class Pool:
                 t.join()
 
     def terminate(self) -> None:
-        """Stops now: queued tasks are dropped, running ones killed (SIGINT, then
-        SIGKILL after a short grace), and every unfinished result fails with
-        ``fastpool.BrokenPool`` (no callback runs for it).  Returns once the
-        workers are gone.  Idempotent."""
+        """Stops now: queued tasks are dropped, running ones killed (SIGKILL: no
+        signal a task could catch or print), and every unfinished result fails with
+        ``fastpool.BrokenPool`` (no callback runs for it).  An ``imap`` or
+        ``imap_unordered`` iterator raises that ``BrokenPool`` once, after the
+        results it already had, then ``StopIteration``; a ``map`` running in another
+        thread raises ``BrokenPool``.  Returns once the workers are gone, without
+        waiting for a job still reading its input (an ``imap`` over a slow
+        generator): that job stops at its next item, and ``join`` waits for it.
+        Idempotent; thread-safe."""
         st = self._st
         with st.lock:
             was = st.state
             st.state = TERMINATE
         if was != TERMINATE:
-            from fastpool.errors import BrokenPool
-
-            broken = BrokenPool("the pool was terminated before this task finished")
+            broken = _terminated("task")
             for job in list(st.cache.values()):
                 if isinstance(job, IMapIterator):
                     job._fail(broken)
                 else:
                     job._set(False, broken, run_callbacks=False)
-            # fastpool.Pool's documented Ctrl-C exit: queue cancelled, running tasks
-            # interrupted then killed, teardown within about a second.
-            st.pool.__exit__(KeyboardInterrupt, None, None)
+            # Its own path, not fastpool.Pool's Ctrl-C exit (which SIGINTs running tasks
+            # and lets their KeyboardInterrupt settle the futures): nothing queued or
+            # held runs, running tasks die at once, and no replacement starts.
+            st.pool.kill_workers()
+            st.pool.shutdown(wait=True)
             st.jobs.put(_STOP)
-        self.join()
+            st.callbacks.put(_STOP)
+        if self._result_thread is not threading.current_thread():
+            self._result_thread.join()
 
     def __enter__(self) -> Self:
         self._check_running()
@@ -695,6 +716,10 @@ class Pool:
     ) -> None:
         """``terminate()``, as multiprocessing's Pool does."""
         self.terminate()
+
+
+def _terminated(what: str) -> BaseException:
+    return errors.BrokenPool(f"the pool was terminated before this {what} finished")
 
 
 def _check_chunksize(chunksize: int | None) -> None:

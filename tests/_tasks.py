@@ -501,3 +501,14 @@ def mp_identity() -> tuple[bool, str, int | None]:
 def call_with(holder: dict, x: Any) -> Any:
     """``holder["fn"][0](x)``: a function that crossed inside an argument."""
     return holder["fn"][0](x)
+
+
+def gated_noting_sigint(noted: str, started: str, path: str) -> int:
+    """``gated``, noting in the file ``noted`` any SIGINT the worker receives meanwhile (the
+    handler returns, so the task goes on): fastpool.mp's terminate() must send none."""
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: touch(noted))
+    touch(started)
+    open_gate(path)
+    return os.getpid()

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import _tasks
 import pytest
-from _waiting import wait_gone
+from _waiting import wait_for, wait_gone
 
 import fastpool
 import fastpool.mp
@@ -232,3 +233,75 @@ def test_imap_yields_the_completed_chunks_then_the_input_error(
         next(it)
     with pytest.raises(StopIteration):
         next(it)
+
+
+# ---- terminate(): its own path, not Ctrl-C's -------------------------------------------------
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Runs fn on a thread; the list gets its result or its exception."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+@pytest.mark.parametrize("chunksize", [1, 3])
+@pytest.mark.parametrize("method", ["imap", "imap_unordered"])
+def test_terminate_while_imap_reads_its_input_ends_the_iterator(
+    method: str, chunksize: int
+) -> None:
+    """Defect 8: terminate() returns while the input is blocked, and the iterator raises
+    BrokenPool once, then StopIteration: it never hangs, and nothing it still had to read
+    arrives later. multiprocessing.Pool has no such promise (its results never complete)."""
+    p = fastpool.mp.Pool(2)
+    reading, release = threading.Event(), threading.Event()
+
+    def items() -> Iterator[int]:
+        yield from range(4)
+        reading.set()
+        release.wait(WAIT_S)
+        yield from range(4, 8)
+
+    it = getattr(p, method)(_tasks.double, items(), chunksize)
+    assert reading.wait(WAIT_S)
+    t, _ = _in_thread(p.terminate)
+    t.join(WAIT_S)
+    assert not t.is_alive(), "terminate() waited for the input"
+    got: list[Any] = []
+    with pytest.raises(fastpool.BrokenPool, match="terminated"):
+        while True:
+            got.append(it.next(timeout=WAIT_S))
+    assert set(got) <= {0, 2, 4, 6}
+    with pytest.raises(StopIteration):
+        it.next(timeout=WAIT_S)
+    release.set()
+    p.join()
+
+
+def test_terminate_fails_another_threads_map_with_broken_pool_and_sends_no_sigint(
+    tmp_path: Path,
+) -> None:
+    """Defect 8: the map raises BrokenPool (not KeyboardInterrupt), and the tasks it ran were
+    killed without a SIGINT first (their handler would have noted one)."""
+    p = fastpool.mp.Pool(2)
+    gate = tmp_path / "never-opened"
+    noted = [str(tmp_path / f"sigint-{i}") for i in range(4)]
+    started = [str(tmp_path / f"started-{i}") for i in range(4)]
+    calls = [(noted[i], started[i], str(gate)) for i in range(4)]
+    t, out = _in_thread(lambda: p.starmap(_tasks.gated_noting_sigint, calls, chunksize=1))
+    wait_for(lambda: sum(map(os.path.exists, started)) == 2, WAIT_S, "both workers' tasks")
+    p.terminate()
+    t.join(WAIT_S)
+    assert not t.is_alive()
+    assert not any(map(os.path.exists, noted)), "a task got SIGINT"
+    assert len(out) == 1 and isinstance(out[0], fastpool.BrokenPool), out
+    assert "terminated" in str(out[0])
+    p.join()
