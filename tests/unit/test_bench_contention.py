@@ -83,12 +83,15 @@ def test_every_contention_row_runs_at_tiny_sizes_and_leaves_no_process(
 
 
 def _running_but_the_template(p: psutil.Process) -> bool:
-    """A child still running that is not fastpool's template (which lives as long as this
-    process).  A zombie is not running: on 3.14 (multiprocessing's forkserver and resource
-    tracker) a child that has exited may not be reaped yet, and psutil raises
-    ZombieProcess for its command line."""
+    """A child still running that is not a server meant to live as long as this process:
+    fastpool's template, or multiprocessing's forkserver and resource tracker (3.14's
+    default start method starts them for the mp.Pool peer).  A zombie is not running: on
+    3.14 a child that has exited may not be reaped yet, and psutil raises ZombieProcess
+    for its command line."""
+    servers = ("fastpool._runtime._template", "multiprocessing.forkserver", "resource_tracker")
     try:
-        return "fastpool._runtime._template" not in " ".join(p.cmdline())
+        cmdline = " ".join(p.cmdline())
+        return not any(name in cmdline for name in servers)
     except (psutil.ZombieProcess, psutil.NoSuchProcess):
         return False
 
