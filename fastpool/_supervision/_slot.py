@@ -6,6 +6,7 @@ breaker, memory, liveness readings), and the row ``worker_stats`` reports for it
 
 from __future__ import annotations
 
+import select
 from typing import TYPE_CHECKING, Any
 
 from fastpool._supervision import _policy
@@ -108,3 +109,13 @@ def stats_row(
         peak_rss_bytes=mem.peak_bytes if mem else None,
         retiring=slot.retiring or not accepting,
     )
+
+
+def select_read(fd: Any, timeout: float) -> bool:
+    """Whether fd (a pidfd, the template connection) is readable within timeout seconds;
+    True for an fd that select() refuses (closed meanwhile): the caller reads it and sees."""
+    try:
+        r, _, _ = select.select([fd], [], [], max(0.0, timeout))
+    except (OSError, ValueError):
+        return True
+    return bool(r)

@@ -20,6 +20,8 @@ none of its locks held.  A death reaches the dispatcher in one call,
 ``settle_death(slot, judge)``: ``_judge`` decides each task's Fate (_deaths: the
 facts, the victim, the fates; _verdict: the cause).  The checks of live workers
 (_watch) return decisions that this module carries out; each slot's record is _slot.
+The memory tick (which workers to sample, memory kills and retirements, the pressure
+pause, the parent's arena trim) is _memory_tick's, on this module's thread.
 Lock order: the supervisor's lock, then (inside dispatcher methods) the
 dispatcher's.
 """
@@ -31,7 +33,6 @@ import heapq
 import itertools
 import logging
 import os
-import select
 import selectors
 import signal
 import sys
@@ -44,18 +45,18 @@ from fastpool import errors, telemetry
 from fastpool._runtime import _codec, _template
 from fastpool._runtime._events import Fate, Happened, SlotEvent
 from fastpool._runtime._lazy import LazyModule
-from fastpool._supervision import _policy, _sizing
-from fastpool._supervision._slot import Slot, stats_row
+from fastpool._supervision import _policy
+from fastpool._supervision._memory_tick import MemoryTick
+from fastpool._supervision._slot import Slot, select_read, stats_row
 
 if TYPE_CHECKING:
-    from fastpool._supervision import _deaths, _memory, _verdict, _watch
+    from fastpool._supervision import _deaths, _verdict, _watch
     from fastpool._supervision._verdict import Cause, Kill
 else:
-    # What judges deaths, samples memory and times tasks: imported at first use (a death,
-    # the first memory tick, a task to time), off a first pool's path to its first
-    # result (~2.5 ms of imports, measured).
+    # What judges deaths and times tasks (and _memory_tick's readers): imported at first
+    # use (a death, a task to time, the first memory tick), off a first pool's path to its
+    # first result (~2.5 ms of imports, measured).
     _deaths = LazyModule("fastpool._supervision._deaths")
-    _memory = LazyModule("fastpool._supervision._memory")
     _verdict = LazyModule("fastpool._supervision._verdict")
     _watch = LazyModule("fastpool._supervision._watch")
 
@@ -67,12 +68,6 @@ STOP_GRACE_S = 2.0
 # (until a submit, a death, the template or a timer wakes it): back-to-back calls never
 # pay the wake, and the workers that just ran get their last memory samples.
 IDLE_LINGER_S = 1.0
-# How long nothing is in flight and the parent takes no arena block before this thread
-# trims the parent's arena region (Arena.trim: the pages of freed blocks beyond its warm
-# reserve go back to the kernel), well inside IDLE_LINGER_S.  A run of calls never
-# waits for it: only a pause does (docs/arrays.md, "Memory that comes back").
-TRIM_QUIET_S = 0.1
-
 _reqs = itertools.count(1)
 
 
@@ -105,18 +100,13 @@ class Supervisor:
         self.lock = threading.RLock()
         self.stopping = False
         self.forced = False  # terminate_workers/kill_workers: nothing starts or runs again
-        self.paused = False
-        self.last_available: int | None = None
         self._deaths: deque[tuple[int, int, int | None]] = deque()
         self._timers: list[tuple[float, int, str, int]] = []
         self._timer_seq = itertools.count()
         self._pending_exit: dict[int, int] = {}
         self._send_lock = threading.Lock()
-        # not at once: no worker has a pid yet, and the pool's constructor waits on this
-        # thread's first steps (Thread.start) while it holds the GIL
-        self._next_memory_tick = time.monotonic() + settings["memory_interval_s"]
         self._busy_until = time.monotonic() + IDLE_LINGER_S
-        self._trim_seen, self._trim_quiet_since, self._trim_due = -1, 0.0, False
+        self.memory = MemoryTick(self)  # samples, memory kills, the pressure pause, the trim
         self.wakeups = 0  # select returns: how often this thread woke (tests count them)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.sel = selectors.DefaultSelector()
@@ -221,7 +211,7 @@ class Supervisor:
             self.slots[sid].breaker.on_success()  # first reply, not spawn: see _policy
         elif what is Happened.RETIRE:
             with self.lock:
-                self._retire(self.slots[sid])
+                self.retire(self.slots[sid])
         elif what is Happened.CORRUPT:
             with self.lock:
                 slot = self.slots[sid]
@@ -380,7 +370,7 @@ class Supervisor:
             )
         return f"a replacement starts in {wait * 1000:.0f} ms"
 
-    def _retire(self, slot: Slot) -> None:
+    def retire(self, slot: Slot) -> None:
         """Asks an idle worker to exit between tasks; its death spawns the replacement."""
         if slot.kill is not None or slot.pid is None:
             return
@@ -443,22 +433,7 @@ class Supervisor:
                 self._on_pidfd(sid, key.fileobj)  # type: ignore[arg-type]
         self._run_timers()
         self._check_liveness()
-        if time.monotonic() >= self._next_memory_tick:
-            self._next_memory_tick = time.monotonic() + self.settings["memory_interval_s"]
-            self._check_memory()
-        self._maybe_trim()
-
-    def _maybe_trim(self) -> None:
-        """Trims the parent's arena region once the pool has been quiet for TRIM_QUIET_S:
-        nothing in flight and no block taken by this process (calls, share, the NumPy
-        hook).  Again at later ticks while blocks of the region are live (a result or
-        an array the caller still holds may be freed later)."""
-        arena, now = self.arena, time.monotonic()
-        if self.disp.inflight or arena.allocs != self._trim_seen:
-            self._trim_seen, self._trim_quiet_since, self._trim_due = arena.allocs, now, True
-            return
-        if self._trim_due and now - self._trim_quiet_since >= TRIM_QUIET_S:
-            self._trim_due = bool(arena.trim()[1])
+        self.memory.tick()
 
     def _next_timeout(self) -> float | None:
         s = self.settings
@@ -485,7 +460,7 @@ class Supervisor:
         (``wake``) when it accepts a task: that promise is made before the last look at
         inflight, and the dispatcher checks it after its insert (both under the GIL)."""
         disp = self.disp
-        if disp.inflight or self._unsampled():
+        if disp.inflight or self.memory.unsampled():
             self._busy_until = now + IDLE_LINGER_S
             return True
         if now < self._busy_until:
@@ -496,28 +471,6 @@ class Supervisor:
             self._busy_until = now + IDLE_LINGER_S
             return True
         return False
-
-    def _unsampled(self) -> bool:
-        """A live worker whose memory may have changed since its last sample."""
-        if self.board.closed:
-            return False
-        for slot in self.slots:
-            if (
-                slot.pid is not None
-                and slot.live
-                and slot.kill is None
-                and self._may_have_grown(slot)
-            ):
-                return True
-        return False
-
-    def _may_have_grown(self, slot: Slot) -> bool:
-        """Starting (its initializer runs), holding a task, or served one since its last
-        sample: an idle worker that was sampled after its last task is not sampled again."""
-        if slot.state != "ready" or slot.mem is None or slot.mem.pid != slot.pid:
-            return True
-        _, _, served, assigned = self.disp.slot_view(slot.id)
-        return bool(assigned) or served != slot.mem_served
 
     def _read_template(self) -> None:
         if not select_read(self.conn, 0):
@@ -692,91 +645,6 @@ class Supervisor:
                 if kill is not None:
                     self.kill(slot, kill)
 
-    def _check_memory(self) -> None:
-        """Owned memory per worker (limit, leak), its cgroup's OOM counter, and system pressure."""
-        now = time.monotonic()
-        limit, leak = self.settings["memory_limit"], self.settings["leak_threshold"]
-        for slot in self.slots:
-            pid = slot.pid
-            if pid is None or not slot.live or slot.kill is not None:
-                continue
-            if not self._may_have_grown(slot):
-                continue  # idle since its last sample: nothing it owns has changed
-            slot.mem_served = self.disp.slot_view(slot.id)[2]  # before the sample: never late
-            if slot.mem is None or slot.mem.pid != pid:
-                slot.mem = _memory.WorkerMemory(slot.id, pid)
-            # what it owns: private memory, plus its own arena blocks (its NumPy arrays
-            # live there, through the allocator hook), never the shared data it reads
-            sample = slot.mem.sample(now, self.arena.held_bytes(slot.id + 1))
-            if sample is None or sample.total_rss_bytes == 0:  # dying: see oom_baseline
-                continue
-            # A worker (or its task) may move itself to another cgroup: follow it every
-            # tick, and read that cgroup's OOM counter while the worker is alive, so that
-            # after a SIGKILL we compare the same cgroup's counter before and after.
-            try:
-                with open(f"/proc/{pid}/cgroup") as f:
-                    where: str | None = f.read()
-            except OSError:
-                where = None
-            if where != slot.cg_text or slot.cg is None:  # resolving the paths costs ~100 us
-                slot.cg_text = where
-                slot.cg = _memory.cgroup_of(pid)
-                slot.oom_before = slot.oom_last = None  # another cgroup: another counter
-            count = _memory.oom_kill_count(slot.cg)
-            if slot.pidfd is not None and not select_read(slot.pidfd, 0):
-                # a reading may already count this worker's own kill: see oom_baseline
-                slot.oom_before = _memory.oom_baseline(slot.oom_before, slot.oom_last, count)
-                slot.oom_last = count
-            if _watch.over_memory_limit(sample.rss_bytes, limit):
-                cur = self.board.current(slot.id) if slot.state == "ready" else 0
-                with self.lock:
-                    if slot.kill is None:
-                        self.kill(slot, _watch.memory_kill(sample.rss_bytes, limit, cur))
-                continue
-            served = self.disp.slot_view(slot.id)[2]
-            if served >= 1 and slot.baseline is None:
-                slot.baseline = sample.rss_bytes  # after the first task: imports and caches are in
-            if (
-                leak
-                and slot.baseline is not None
-                and not slot.retiring
-                and _memory.leaked(slot.baseline, sample.rss_bytes, leak)
-            ):
-                with self.lock:
-                    slot.retiring = True
-                    if self.disp.set_accepting(slot.id, False):
-                        self._retire(slot)
-        self._check_pressure()
-
-    def _check_pressure(self) -> None:
-        floor = self.settings["min_available"]
-        if floor is None:
-            return
-        try:
-            if isinstance(floor, float):  # a fraction: resolved here, off a first result's path
-                floor = self.settings["min_available"] = _sizing.memory_bytes(floor)
-            avail = self.settings["available_memory"]()
-        except Exception:  # noqa: BLE001 - a reading we cannot take pauses nothing
-            return
-        self.last_available = avail
-        paused = _watch.paused_by_pressure(avail, floor)
-        if paused != self.paused:
-            # the dispatcher first: stats() reports self.paused, and whoever reads
-            # "paused" there must find dispatch paused already
-            self.disp.set_paused(paused)
-            self.paused = paused
-            if paused:
-                self.tel.count("paused")
-                log.warning(
-                    "fastpool: available memory %d MiB is below %d MiB; dispatch paused",
-                    avail >> 20,
-                    floor >> 20,
-                )
-            else:
-                log.warning(
-                    "fastpool: memory is back (%d MiB available); dispatch resumed", avail >> 20
-                )
-
     # ---- teardown --------------------------------------------------------------------
 
     def stop_workers(self) -> None:
@@ -862,11 +730,3 @@ class Supervisor:
             info = self.board.slot_info(s.id) if live else (0, 0, 0, 0, 0)
             out.append(stats_row(s, info, self.disp.slot_view(s.id), live, now))
         return out
-
-
-def select_read(fd: Any, timeout: float) -> bool:
-    try:
-        r, _, _ = select.select([fd], [], [], max(0.0, timeout))
-    except (OSError, ValueError):
-        return True
-    return bool(r)

@@ -23,7 +23,7 @@ from _waiting import wait_for
 
 import fastpool
 from fastpool import WorkerCrashed, WorkerMemoryError
-from fastpool._supervision import _memory, _supervisor
+from fastpool._supervision import _memory, _memory_tick
 
 pytestmark = pytest.mark.faults
 
@@ -75,7 +75,7 @@ def monitor(monkeypatch: pytest.MonkeyPatch) -> Monitor:
             m.counter_reads.append(cg)
             return real_count(cg)
 
-    real_tick = _supervisor.Supervisor._check_memory
+    real_tick = _memory_tick.MemoryTick.check
 
     def tick(self):
         try:
@@ -84,7 +84,7 @@ def monitor(monkeypatch: pytest.MonkeyPatch) -> Monitor:
             m.ticks += 1
 
     monkeypatch.setattr(_memory.WorkerMemory, "sample", sample)
-    monkeypatch.setattr(_supervisor.Supervisor, "_check_memory", tick)
+    monkeypatch.setattr(_memory_tick.MemoryTick, "check", tick)
     monkeypatch.setattr(_memory, "oom_kill_count", count)
     return m
 
