@@ -58,9 +58,9 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset, strncpy
 
 from fastpool._native._arena cimport (
-    FP_ARENA_PAGE, Arena, commit_pages, fp_arena_alloc_capped, fp_arena_blk_t,
+    FP_ARENA_PAGE, Arena, fp_arena_alloc_capped, fp_arena_blk_t,
     fp_arena_damage_t, fp_arena_unbump,
-    fp_arena_unref, fp_arena_view_t, recommit,
+    fp_arena_unref, fp_arena_view_t, fp_pages_commit, recommit,
 )
 from fastpool._native._sys cimport FP_OK
 
@@ -185,7 +185,7 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
     if fresh:
         # Take the pages now, where failure is a fallback: a page the kernel cannot
         # supply on first touch would be a SIGBUS in the task.
-        if commit_pages(h.fd[0], v.base, b.off, fresh) != 0:
+        if fp_pages_commit(h.fd[0], v.base, b.off, fresh) != 0:
             fp_arena_unbump(v, h.proc, &b, h.own_top)
             return NULL
     else:

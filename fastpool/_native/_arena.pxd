@@ -68,13 +68,16 @@ cdef extern from "fp_arena.h" nogil:
                               uint64_t *quarantined, fp_arena_damage_t *dmg)
 
 
-cdef enum:
-    # <sys/mman.h> since Linux 5.14; older headers lack the name, and older kernels
-    # answer EINVAL (the callers fall back to fallocate or to faulting pages in).
-    MADV_POPULATE_WRITE = 23
+cdef extern from "fp_pages.h" nogil:
+    int fp_pages_commit(int fd, unsigned char *base, uint64_t off, uint64_t length)
+    int fp_pages_recommit(int fd, const fp_arena_view_t *v, uint64_t own_base, uint8_t *punched,
+                          uint64_t *npunched, uint64_t off, uint64_t size)
+    void fp_pages_punch_free(const fp_arena_view_t *v, uint32_t r, int fd)
+    void fp_pages_trim(const fp_arena_view_t *v, uint32_t p, int fd, uint64_t own_base,
+                       uint8_t *punched, uint64_t *npunched, uint64_t reserve, uint64_t *given,
+                       uint64_t *live)
 
 
-cdef int commit_pages(int fd, unsigned char *base, uint64_t off, uint64_t length) noexcept nogil
 cdef int recommit(Arena a, uint64_t off, uint64_t size) noexcept
 
 

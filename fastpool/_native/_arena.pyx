@@ -53,12 +53,7 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT
 
 from fastpool import errors
 
-from fastpool._native._sys cimport (
-    EINVAL, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FP_CORRUPT, FP_ERRNO, FP_OK, PROT_READ,
-    PROT_WRITE, close, errno, fallocate, madvise, munmap,
-)
-cdef extern from "<errno.h>":
-    int EOPNOTSUPP
+from fastpool._native._sys cimport FP_ERRNO, FP_OK, PROT_READ, PROT_WRITE, close, errno, munmap
 
 from fastpool._native._shm cimport (
     FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map, fp_shm_privatise,
@@ -162,40 +157,9 @@ def geometry(nworkers, budget):
     return nprocs, region, fp_arena_size(nprocs, region)
 
 
-cdef int commit_pages(int fd, unsigned char *base, uint64_t off, uint64_t length) noexcept nogil:
-    """Takes the pages of [off, off + length) of the arena now and maps them in this
-    process: 0, or -1 with errno (the kernel cannot supply them).
-
-    fallocate first: the memfd takes its pages in one batch, then MADV_POPULATE_WRITE
-    only maps them, 85-93 ms for a fresh 256 MiB against 110-115 ms for the populate
-    alone (which takes them page by page through the fault path).  Mapped here, the
-    first copy into them runs at memcpy speed instead of faulting page by page."""
-    cdef int rc
-    if fd >= 0 and fallocate(fd, 0, <long>off, <long>length) != 0 and errno != EOPNOTSUPP:
-        return -1
-    rc = madvise(base + off, length, MADV_POPULATE_WRITE)
-    if rc != 0 and errno == EINVAL and fd >= 0:  # kernel older than 5.14: fallocate did it
-        return 0
-    return rc
-
-
 cdef int recommit(Arena a, uint64_t off, uint64_t size) noexcept:
-    """Takes again the pages of a reused block [off, off + size) of a's own region that
-    a trim gave back, so that its next copy runs at memcpy speed and a page the kernel
-    cannot supply fails here, not as a SIGBUS on first touch: 0, or -1 with errno."""
-    cdef uint64_t i, first
-    cdef bint any_ = False
-    if a._npunched == 0 or a._punched == NULL:
-        return 0
-    first = (off - a._own_base()) // FP_ARENA_PAGE
-    for i in range(first, first + size // FP_ARENA_PAGE):
-        if a._punched[i]:
-            a._punched[i] = 0
-            a._npunched -= 1
-            any_ = True
-    if not any_:
-        return 0
-    return commit_pages(a._fd, a._v.base, off, size)
+    """fp_pages_recommit on a's own region: 0, or -1 with errno (fp_pages.h)."""
+    return fp_pages_recommit(a._fd, &a._v, a._own_base(), a._punched, &a._npunched, off, size)
 
 
 cdef class Arena:
@@ -349,17 +313,7 @@ cdef class Arena:
             self._punch_free_region(r)
 
     cdef _punch_free_region(self, uint32_t r):
-        # Pages from the first whole page after the header: a free block's header
-        # stays readable (zero counts) for a process that still walks the chain.
-        cdef fp_arena_walk_t w
-        cdef uint64_t off = 0, s = 0, skip = fp_arena_align(self._v.hdr, FP_ARENA_PAGE)
-        cdef int free_ = 0
-        if self._fd < 0 or fp_arena_walk_begin(&w, &self._v, r) != FP_OK:
-            return
-        while fp_arena_walk_next(&w, &off, &s) == 1:
-            if s > skip and fp_arena_is_free(&self._v, off, &free_) == FP_OK and free_:
-                fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, <long>(off + skip),
-                          <long>(s - skip))
+        fp_pages_punch_free(&self._v, r, self._fd)
 
     cdef _maybe_unmap(self):
         if self.closed and self._blocks == 0:
@@ -475,14 +429,14 @@ cdef class Arena:
     cdef _commit(self, uint64_t off, uint64_t length, uint64_t nbytes):
         # Fresh pages are taken now, where failure is an exception: a page the
         # kernel cannot supply on first touch is a SIGBUS in whoever touches it
-        # (commit_pages also maps them, for the first copy's sake).
+        # (fp_pages_commit also maps them, for the first copy's sake).
         cdef int rc
         if length >= MEMINFO_CHECK_BYTES:
             avail = mem_available_bytes()
             if avail is not None and length > avail:
                 raise self._nospace(nbytes, f"the machine has {_mib(avail)} available")
         with nogil:
-            rc = commit_pages(self._fd, self._v.base, off, length)
+            rc = fp_pages_commit(self._fd, self._v.base, off, length)
         if rc != 0:
             raise self._nospace(nbytes, f"the kernel refused the pages: {os.strerror(errno)}")
 
@@ -585,55 +539,17 @@ cdef class Arena:
         stays held.  Returns (bytes given back now, live
         blocks left in the region: what may still be freed and trimmed later).
         A closed arena, or a damaged region (past its damage), trims nothing."""
-        cdef fp_arena_walk_t w
-        cdef uint64_t off = 0, s = 0, skip = fp_arena_align(self._v.hdr, FP_ARENA_PAGE)
-        cdef uint64_t kept = 0, given = 0, live = 0, i, first, last, lo
-        cdef int rc = 0, free_ = 0
-        cdef bint done
+        cdef uint64_t given = 0, live = 0
         if self.closed or self._fd < 0 or self._v.base == NULL:
             return 0, 0
-        lo = self._own_base()
         if self._punched == NULL:
             self._punched = <uint8_t *>calloc(self._v.region_size // FP_ARENA_PAGE, 1)
             if self._punched == NULL:
                 raise MemoryError()
-        if fp_arena_walk_begin(&w, &self._v, self.proc) != FP_OK:
-            return 0, 0
-        while fp_arena_walk_next(&w, &off, &s) == 1:
-            if fp_arena_is_free(&self._v, off, &free_) != FP_OK or not free_:
-                live += 1
-                continue
-            if s <= skip:
-                continue
-            first = (off + skip - lo) // FP_ARENA_PAGE
-            last = (off + s - lo) // FP_ARENA_PAGE
-            done = True
-            for i in range(first, last):
-                if not self._punched[i]:
-                    done = False
-                    break
-            if done:
-                continue  # given back already, and not reused since
-            if kept + s <= reserve:
-                kept += s
-                continue
-            if not fp_arena_claim_free(&self._v, self.proc, off):
-                live += 1
-                continue
-            # With the GIL held: in the parent any thread allocates in region 0 (the
-            # NumPy hook), and this walk must not see the chain change under it.
-            rc = fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                           <long>(off + skip), <long>(s - skip))
-            fp_arena_unref(&self._v, self.proc, off)
-            if rc != 0:
-                break  # the kernel cannot punch this memfd: nothing more to do here
-            for i in range(first, last):
-                if not self._punched[i]:
-                    self._punched[i] = 1
-                    self._npunched += 1
-            given += s - skip
-        if given and self._v.base != NULL:
-            fp_arena_add_returned(&self._v, given)
+        # With the GIL held: in the parent any thread allocates in region 0 (the NumPy
+        # hook), and the walk must not see the chain change under it.
+        fp_pages_trim(&self._v, self.proc, self._fd, self._own_base(), self._punched,
+                      &self._npunched, reserve, &given, &live)
         return given, live
 
     def memory(self):
