@@ -18,7 +18,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 import unittest
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -50,15 +52,17 @@ def skipped(mixin: type, skips: Mapping[str, str], name: str) -> dict[str, objec
 
 def python_ok_with(original: Callable[..., Any], replacements: Iterable[tuple[str, str]]):
     """``assert_python_ok`` for tests that run child scripts: the script's text gets
-    ``replacements`` (the imports that name the class under test), and PYTHONPATH is kept so
-    that the child finds the same fastpool."""
+    ``replacements`` (the imports that name the class under test), and the child's
+    PYTHONPATH is this folder (the adapters) and ours, so that it finds the adapter and the
+    same fastpool."""
     replacements = tuple(replacements)
 
     def run(*args: str, **env: Any):
         for old, new in replacements:
             args = tuple(a.replace(old, new) for a in args)
         env.setdefault("__isolated", False)
-        env.setdefault("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        path = [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]
+        env.setdefault("PYTHONPATH", os.pathsep.join(filter(None, path)))
         return original(*args, **env)
 
     return run
@@ -71,6 +75,10 @@ class _Result(unittest.TextTestResult):
 
     journal: Any = None
     key_of: KeyOf = staticmethod(class_and_method())
+    # a test still running after this many seconds is recorded "timed out" (with every
+    # thread's stack) and its process ends; a fresh one goes on with the rest
+    limit_s: float = 120.0
+    _watchdog: Any = None
 
     def _log(self, test: unittest.TestCase, outcome: str, detail: str = "") -> None:
         self.journal.write(json.dumps([type(self).key_of(test), outcome, detail]) + "\n")
@@ -78,7 +86,35 @@ class _Result(unittest.TextTestResult):
 
     def startTest(self, test):
         self._log(test, "started")
+        self._subtest_failures: list[str] = []
+        self._watchdog = threading.Timer(self.limit_s, self._timed_out, (test,))
+        self._watchdog.daemon = True
+        self._watchdog.start()
         super().startTest(test)
+
+    def stopTest(self, test):
+        self._watchdog.cancel()
+        # a test whose subtests failed gets neither addSuccess nor addFailure
+        if self._subtest_failures:
+            self._log(test, "failed", "\n".join(self._subtest_failures)[-2000:])
+        super().stopTest(test)
+
+    def addSubTest(self, test, subtest, err):
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            self._subtest_failures.append(
+                f"{subtest._subDescription()}: " + self._exc_info_to_string(err, test)[-1000:]
+            )
+
+    def _timed_out(self, test: unittest.TestCase) -> None:
+        frames = sys._current_frames()
+        stacks = "".join(
+            f"thread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+            for t in threading.enumerate()
+            if t.ident in frames and t is not threading.current_thread()
+        )
+        self._log(test, "timed out", f"still running after {self.limit_s:.0f} s\n{stacks}"[-4000:])
+        os._exit(3)
 
     def addSuccess(self, test):
         super().addSuccess(test)
@@ -167,11 +203,12 @@ _COUNTED = (
     ("failed", "failed"),
     ("errors", "error"),
     ("crashed", "crashed"),
+    ("timed_out", "timed out"),
     ("skipped", "skipped"),
     ("expected_failures", "expected failure"),
     ("unexpected_successes", "unexpected success"),
 )
-BAD = ("failed", "error", "crashed", "unexpected success")
+BAD = ("failed", "error", "crashed", "timed out", "unexpected success")
 
 
 def main(

@@ -26,15 +26,10 @@ it writes the counts and the outcome of each test.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import threading
-import time
-import traceback
 import unittest
-from typing import Any
+
+import _adapter
 
 import fastpool
 
@@ -221,30 +216,6 @@ class FastpoolExecutor(fastpool.Pool):
         )
 
 
-def _python_ok_with_fastpool(original):
-    """``assert_python_ok`` for the shutdown tests' child scripts: they import the executor
-    type by name from ``concurrent.futures``; import this adapter's ``FastpoolExecutor``
-    instead (3.14's scripts pass ``mp_context=``), with this directory and the PYTHONPATH
-    on the child's path so that it finds the same fastpool."""
-
-    def run(*args: str, **env: str):
-        args = tuple(
-            a.replace(
-                "from concurrent.futures import FastpoolExecutor",
-                # 3.13's test_hang_gh83386 calls multiprocessing.set_start_method under
-                # a ctx (the forkserver mixin's) without importing it; 3.14's imports it
-                "from cpython_futures import FastpoolExecutor; import multiprocessing",
-            )
-            for a in args
-        )
-        env.setdefault("__isolated", False)
-        path = [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]
-        env.setdefault("PYTHONPATH", os.pathsep.join(filter(None, path)))
-        return original(*args, **env)
-
-    return run
-
-
 def build_suite() -> unittest.TestSuite:
     util, process_pool, shutdown, wait, as_completed, init, deadlock = _load_suites()
 
@@ -257,7 +228,19 @@ def build_suite() -> unittest.TestSuite:
 
         executor_type = FastpoolExecutor
 
-    shutdown.assert_python_ok = _python_ok_with_fastpool(shutdown.assert_python_ok)
+    # the shutdown tests' child scripts import the executor type by name from
+    # concurrent.futures: they get this adapter's (3.14's scripts pass mp_context=)
+    shutdown.assert_python_ok = _adapter.python_ok_with(
+        shutdown.assert_python_ok,
+        [
+            (
+                "from concurrent.futures import FastpoolExecutor",
+                # 3.13's test_hang_gh83386 calls multiprocessing.set_start_method under
+                # a ctx (the forkserver mixin's) without importing it; 3.14's imports it
+                "from cpython_futures import FastpoolExecutor; import multiprocessing",
+            )
+        ],
+    )
     mixins = {
         "ProcessPoolExecutorTest": process_pool.ProcessPoolExecutorTest,
         "ProcessPoolShutdownTest": shutdown.ProcessPoolShutdownTest,
@@ -270,195 +253,23 @@ def build_suite() -> unittest.TestSuite:
     loader = unittest.TestLoader()
     suite = unittest.TestSuite()
     for name, mixin in mixins.items():
-        attrs: dict[str, object] = {"__module__": __name__}
-        for attr in loader.getTestCaseNames(type("_probe", (mixin, unittest.TestCase), {})):
-            key = f"{name}.{attr}"
-            if key in SKIPPED:
-                attrs[attr] = unittest.skip(SKIPPED[key])(getattr(mixin, attr))
+        attrs = {"__module__": __name__, **_adapter.skipped(mixin, SKIPPED, name)}
         cls = type(f"Fastpool{name}", (mixin, FastpoolMixin, util.BaseTestCase), attrs)
         suite.addTests(loader.loadTestsFromTestCase(cls))
     return suite
 
 
-class _Result(unittest.TextTestResult):
-    """Appends each test's start and outcome to a journal, one JSON line each, so that the
-    runner knows which test was running if this process dies (a crash that kills the parent
-    is a finding too, not the end of the run)."""
-
-    journal: Any = None
-    # a test still running after this many seconds is recorded "timed out" (with every
-    # thread's stack) and its process ends; a fresh one goes on with the rest
-    limit_s: float = 120.0
-    _watchdog: Any = None
-
-    def _key(self, test: unittest.TestCase) -> str:
-        return f"{type(test).__name__.removeprefix('Fastpool')}.{test._testMethodName}"
-
-    def _log(self, test: unittest.TestCase, outcome: str, detail: str = "") -> None:
-        self.journal.write(json.dumps([self._key(test), outcome, detail]) + "\n")
-        self.journal.flush()
-
-    def startTest(self, test):
-        self._log(test, "started")
-        self._subtest_failures: list[str] = []
-        self._watchdog = threading.Timer(self.limit_s, self._timed_out, (test,))
-        self._watchdog.daemon = True
-        self._watchdog.start()
-        super().startTest(test)
-
-    def stopTest(self, test):
-        self._watchdog.cancel()
-        # a test whose subtests failed gets neither addSuccess nor addFailure
-        if self._subtest_failures:
-            self._log(test, "failed", "\n".join(self._subtest_failures)[-2000:])
-        super().stopTest(test)
-
-    def addSubTest(self, test, subtest, err):
-        super().addSubTest(test, subtest, err)
-        if err is not None:
-            self._subtest_failures.append(
-                f"{subtest._subDescription()}: " + self._exc_info_to_string(err, test)[-1000:]
-            )
-
-    def _timed_out(self, test: unittest.TestCase) -> None:
-        frames = sys._current_frames()
-        stacks = "".join(
-            f"thread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
-            for t in threading.enumerate()
-            if t.ident in frames and t is not threading.current_thread()
-        )
-        self._log(test, "timed out", f"still running after {self.limit_s:.0f} s\n{stacks}"[-4000:])
-        os._exit(3)
-
-    def addSuccess(self, test):
-        super().addSuccess(test)
-        self._log(test, "passed")
-
-    def addFailure(self, test, err):
-        super().addFailure(test, err)
-        self._log(test, "failed", self.failures[-1][1][-2000:])
-
-    def addError(self, test, err):
-        super().addError(test, err)
-        self._log(test, "error", self.errors[-1][1][-2000:])
-
-    def addSkip(self, test, reason):
-        super().addSkip(test, reason)
-        self._log(test, "skipped", reason)
-
-    def addExpectedFailure(self, test, err):
-        super().addExpectedFailure(test, err)
-        self._log(test, "expected failure")
-
-    def addUnexpectedSuccess(self, test):
-        super().addUnexpectedSuccess(test)
-        self._log(test, "unexpected success")
-
-
-def _key_of(test: unittest.TestCase) -> str:
-    return f"{type(test).__name__.removeprefix('Fastpool')}.{test._testMethodName}"
-
-
-def _run_child(ids: list[str], journal: str, verbose: bool) -> None:
-    """Runs the tests named by ``ids`` in this process, journaling each."""
-    wanted = set(ids)
-    suite = unittest.TestSuite(t for t in build_suite() if _key_of(t) in wanted)
-    with open(journal, "a") as f:
-        _Result.journal = f
-        unittest.TextTestRunner(
-            verbosity=2 if verbose else 1, resultclass=_Result, stream=sys.stderr
-        ).run(suite)
-
-
-def run(ids: list[str], verbose: bool = False, log=sys.stderr) -> dict[str, list[str]]:
-    """Runs ``ids`` in child processes; a child that dies marks its current test "crashed"
-    (with its exit status) and a new child goes on with the rest. Returns id -> [outcome,
-    detail]."""
-    import subprocess
-    import tempfile
-
-    outcomes: dict[str, list[str]] = {}
-    remaining = list(ids)
-    with tempfile.TemporaryDirectory(prefix="fastpool-cpython-") as tmp:
-        journal = os.path.join(tmp, "journal.jsonl")
-        while remaining:
-            open(journal, "w").close()
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", journal]
-            cmd += ["-v"] if verbose else []
-            proc = subprocess.run(cmd + remaining, stdout=log, stderr=log)
-            current = None
-            with open(journal) as f:
-                for line in f:
-                    key, outcome, detail = json.loads(line)
-                    if outcome == "started":
-                        current = key
-                    else:
-                        outcomes[key] = [outcome, detail]
-                        current = None
-            if current is not None:  # died inside a test
-                outcomes[current] = [
-                    "crashed",
-                    f"the test process died: exit status {proc.returncode}",
-                ]
-            elif proc.returncode != 0 and not any(k in outcomes for k in remaining):
-                raise RuntimeError(f"the test process failed before any test: {proc.returncode}")
-            remaining = [k for k in remaining if k not in outcomes]
-    return outcomes
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true")
-    parser.add_argument("--json", help="write counts and outcomes to this file")
-    parser.add_argument("-k", dest="pattern", help="run only tests whose id contains this")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("ids", nargs="*", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        _run_child(args.ids, args.child, args.verbose)
-        return 0
-    ids = [_key_of(t) for t in build_suite()]
-    if args.pattern:
-        ids = [k for k in ids if args.pattern in k]
-    start = time.monotonic()
-    outcomes = run(ids, args.verbose)
-    for key, value in outcomes.items():
-        if key in EXPECTED_FAILURES:
-            if value[0] in ("failed", "error", "crashed"):
-                value[0] = "expected failure"
-            elif value[0] == "passed" and key not in EITHER_WAY:
-                value[0] = "unexpected success"
-    values = [v[0] for v in outcomes.values()]
-    counts = {
-        name: values.count(outcome)
-        for name, outcome in (
-            ("passed", "passed"),
-            ("failed", "failed"),
-            ("errors", "error"),
-            ("crashed", "crashed"),
-            ("timed_out", "timed out"),
-            ("skipped", "skipped"),
-            ("expected_failures", "expected failure"),
-            ("unexpected_successes", "unexpected success"),
-        )
-    }
-    counts.update(
-        seconds=round(time.monotonic() - start, 1),
-        python=sys.version.split()[0],
-        fastpool=fastpool.__version__,
+    return _adapter.main(
+        argv,
+        script=__file__,
+        description=__doc__.splitlines()[0],
+        build_suite=lambda args: build_suite(),
+        key_of=_adapter.class_and_method("Fastpool"),
+        expected_failures=lambda args: EXPECTED_FAILURES,
+        either_way=EITHER_WAY,
+        about=lambda args: {"fastpool": fastpool.__version__},
     )
-    bad = {
-        k: v
-        for k, v in outcomes.items()
-        if v[0] in ("failed", "error", "crashed", "timed out", "unexpected success")
-    }
-    for key, (outcome, detail) in sorted(bad.items()):
-        print(f"{outcome.upper()}: {key}\n{detail}", file=sys.stderr)
-    print(json.dumps(counts), file=sys.stderr)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"counts": counts, "outcomes": outcomes}, f, indent=1)
-    return 0 if not bad else 1
 
 
 if __name__ == "__main__":
