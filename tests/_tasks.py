@@ -112,6 +112,12 @@ def touch(path: str) -> str:
     return path
 
 
+def note_pid(path: str) -> None:
+    """Writes this process's pid to ``path`` (an initializer that says it ran, and where)."""
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+
+
 def gate(path: str, value: Any = None, limit_s: float = LIMIT_S) -> tuple[Any, float]:
     """Holds its worker until ``path`` exists (or ``limit_s`` passes, so a failed
     test never strands a worker); returns (value, CLOCK_MONOTONIC at release).

@@ -696,9 +696,16 @@ class Supervisor:
                         pass
 
     def reap_workers(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Waits up to ``grace_s`` for every worker to exit (SIGKILL after), once the
+        supervisor thread has stopped.  A worker whose start the template has not yet
+        answered is waited for too: it runs its K_INIT (the initializer) and then the
+        K_STOP that stop_workers queued, and a join that returned before it exits would
+        leave a process behind and an initializer that has not run yet."""
         deadline = time.monotonic() + grace_s
+        self._await_started(deadline)
         for slot in self.slots:
             if slot.pidfd is None:
+                slot.pid = None  # no pidfd ever came: nothing of ours to list or signal
                 continue
             if not select_read(slot.pidfd, max(0.0, deadline - time.monotonic())):
                 self.kill(slot, _verdict.Kill(_verdict.Cause.STOPPED))
@@ -707,6 +714,20 @@ class Supervisor:
             slot.pidfd = None
             slot.pid = None
             slot.state = "dead"
+
+    def _await_started(self, deadline: float) -> None:
+        """Reads the template's replies until every start sent to it has its pidfd (or the
+        deadline passes, or the template is gone: its workers died with it)."""
+        conn = self.conn
+        while any(s.live and s.pidfd is None and s.via is conn for s in self.slots):
+            try:
+                if not select_read(conn, max(0.0, deadline - time.monotonic())):
+                    return
+                self._read_template()
+            except (OSError, ValueError):  # released by _reconnect_template: no replies come
+                return
+            if self.conn is not conn:
+                return
 
     def close(self) -> None:
         self.sel.close()

@@ -126,16 +126,22 @@ def _run_adapter(python: str, env: dict[str, str], tmp_path: Path) -> None:
     assert counts["passed"] >= 35  # the suites really ran
 
 
-def test_cpython_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
+def cpython_venv() -> tuple[str, dict[str, str]]:
+    """The CPython 3.13 virtualenv's interpreter with this checkout installed, and the
+    environment to run an adapter in (none of our PYTHON* variables); skips the test where
+    no CPython 3.13 with its ``test`` package is found."""
     python = _interpreter()
     if python is None:
         pytest.skip(
             "no CPython 3.13 with its test package (test.test_concurrent_futures) was found; "
             "install one with pyenv or point FASTPOOL_CPYTHON at it"
         )
-    venv = _venv(python)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    _run_adapter(str(venv / "bin" / "python"), env, tmp_path)
+    return str(_venv(python) / "bin" / "python"), env
+
+
+def test_cpython_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
+    _run_adapter(*cpython_venv(), tmp_path)
 
 
 @pytest.mark.peer_suite  # .ci/py314 runs the adapter itself, after the 3.14 suite

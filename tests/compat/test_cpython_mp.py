@@ -14,13 +14,12 @@ at once: about 90 s on 2 cores with a warm virtualenv (a first build adds about 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from compat.test_cpython_futures import _interpreter, _venv
+from compat.test_cpython_futures import cpython_venv
 
 ADAPTER = Path(__file__).with_name("cpython_mp.py")
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -29,14 +28,7 @@ pytestmark = [pytest.mark.peer_suite, pytest.mark.timeout(1200)]
 
 
 def test_cpython_multiprocessing_pool_tests_pass_or_fail_as_listed(tmp_path: Path) -> None:
-    python = _interpreter()
-    if python is None:
-        pytest.skip(
-            "no CPython 3.13 with its test package was found; install one with pyenv or point "
-            "FASTPOOL_CPYTHON at it"
-        )
-    exe = str(_venv(python) / "bin" / "python")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    exe, env = cpython_venv()
     reports: dict[str, dict] = {}
     for method in START_METHODS:
         procs = {}

@@ -11,12 +11,15 @@ process), so each ordering is certain instead of left to the scheduler.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import _faulty
 import _tasks
+import psutil
 import pytest
 from conftest import make_pool
 
@@ -126,3 +129,37 @@ def test_shutdown_stops_a_worker_whose_pid_arrives_during_shutdown(
             gate.touch()
         pool.shutdown(wait=True)
     assert kills == []
+
+
+@pytest.fixture
+def deaf_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A supervisor thread that reads nothing from the template until shutdown: every
+    ("pid", ...) reply is still unread when the pool tears down, as when shutdown follows
+    Pool() at once on a loaded machine (CPython's test_pool_initializer)."""
+
+    def run(self: Any) -> None:
+        while not self.stopping:
+            _supervisor.select_read(self._wake_r, 1.0)
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+
+    monkeypatch.setattr(_supervisor.Supervisor, "run", run)
+
+
+def test_shutdown_waits_for_a_starting_worker_to_run_its_initializer(
+    deaf_supervisor: None, tmp_path: Path
+) -> None:
+    # multiprocessing's contract: close(); join() returns once every worker exited, each
+    # having run its initializer.  A worker whose pidfd had not reached the supervisor
+    # was neither waited for nor stopped: the template ended it when the pool released
+    # its connection, often before its initializer ran.
+    noted = tmp_path / "initializer-ran"
+    with make_pool(1, initializer=_tasks.note_pid, initargs=(str(noted),)) as pool:
+        pool.shutdown(wait=True)
+    assert noted.exists(), "shutdown returned before the starting worker ran its initializer"
+    assert pool.pids() == []
+    pid = int(noted.read_text())
+    try:
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # exited; its parent reaps
+    except psutil.NoSuchProcess:
+        pass
