@@ -143,6 +143,8 @@ class Template:
         # In a worker the template serves the pools it makes and ends with the last of
         # them: an idle interpreter per worker would outlive every nested pool.
         self.per_pool = False
+        # how the last template started, and why: ("fork" or "spawn", reason)
+        self.how: tuple[str, str] | None = None
 
     def forget_after_fork(self) -> None:
         """In a forked child.  The template is forked inside connect(), with ``_lock``
@@ -181,12 +183,21 @@ class Template:
         """A template process on its way up: (process, control socket, the config to send
         it or None); _await_ready finishes the start."""
         method, why = start_plan()
+        started = None
         if method == "fork" and why == FORCED_FORK:
             started = self._start_forked(checked=False)  # the user's choice, even beside threads
-        else:
-            started = self._start_forked(checked=True) if method == "fork" else None
+        elif method == "fork":
+            for _ in range(FORK_TRIES):
+                started = self._start_forked(checked=True)
+                if started is not None:
+                    break
+            if started is None:
+                method, why = "spawn", (
+                    f"another thread ran at each of {FORK_TRIES} forks (found after the fork)"
+                )
         if started is None:
             started = self._start_spawned()
+        self.how = (method, why)
         self._owner_pid = os.getpid()
         return started
 
@@ -365,6 +376,12 @@ class Template:
 # the process (a dataset the parent frees later stays in the template), so only a
 # small parent is forked; a big one pays ~150 ms for a fresh interpreter instead.
 FORK_MAX_RSS_BYTES = 256 << 20
+
+# A fork found beside another thread is tried once more before spawning: the thread may
+# be an OpenBLAS worker its fork handler had just joined, which the kernel still counts
+# for a moment (a thread group's count drops when the thread is released, after the
+# futex wake that ends the join), and killing and reaping the first child gives it time.
+FORK_TRIES = 2
 
 
 _TEMPLATE = Template()

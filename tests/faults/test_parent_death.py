@@ -42,6 +42,7 @@ _PARENT = textwrap.dedent("""
             time.sleep(600)
             os._exit(0)
         print(kind, child, _template.template().pid, *p.pids(), flush=True)
+        print(*_template.template().how, flush=True)  # why it started so, for a failure
         time.sleep(600)
 """)
 
@@ -62,8 +63,9 @@ def test_template_and_workers_die_with_the_parent_while_its_fork_child_holds_the
     child = None
     try:
         fields = parent.stdout.readline().split()
+        how = parent.stdout.readline().strip()
         child, template, *workers = (int(x) for x in fields[1:])
-        assert fields[0] == kind, fields
+        assert fields[0] == kind, (fields, how)
         assert len(workers) == 2
         watched = [psutil.Process(pid) for pid in (template, *workers)]
         parent.kill()

@@ -239,3 +239,44 @@ def test_template_start_methods(tmp_path, method, ballast_mib, native_thread, pr
         NATIVE_THREAD="1" if native_thread else "0",
     )
     assert out.stdout.split() == [proc_type, "True"]
+
+
+_LATE_THREAD = """
+    import sys
+    sys.path.insert(0, TESTS_DIR)
+    import numpy
+    import fastpool, _tasks
+    from fastpool._runtime import _forksafe, _template
+
+    real, seen = _forksafe.fork_checked, []
+
+    def fork_checked():
+        # the first BAD forks are reported as made beside another thread (as when the
+        # kernel still counts a thread OpenBLAS's fork handler has just joined)
+        pid, alone = real()
+        if pid:
+            seen.append(pid)
+        return pid, alone and len(seen) > BAD
+
+    _forksafe.fork_checked = fork_checked
+    if __name__ == "__main__":
+        with fastpool.Pool(1) as p:
+            assert p.submit(_tasks.double, 21).result(timeout=60) == 42
+            how = _template.template().how
+        print(type(_template.template()._proc).__name__, len(seen), how[0], "|", how[1])
+"""
+
+
+@pytest.mark.parametrize(
+    "bad, kind, forks, how",
+    [
+        (1, "_ForkedProcess", 2, "fork"),  # the second fork finds it alone
+        (2, "Popen", 2, "spawn"),  # beside a thread twice: spawned, and says why
+    ],
+)
+def test_a_fork_found_beside_another_thread_is_tried_once_more(tmp_path, bad, kind, forks, how):
+    out = _run(tmp_path, _LATE_THREAD.replace("BAD", str(bad)), OPENBLAS_NUM_THREADS="1")
+    fields, why = out.stdout.split("|")
+    assert fields.split() == [kind, str(forks), how], out.stdout
+    if how == "spawn":
+        assert "another thread ran at each of 2 forks" in why
