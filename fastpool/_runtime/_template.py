@@ -192,9 +192,8 @@ class Template:
                 if started is not None:
                     break
             if started is None:
-                method, why = "spawn", (
-                    f"another thread ran at each of {FORK_TRIES} forks (found after the fork)"
-                )
+                method = "spawn"
+                why = f"another thread ran at each of {FORK_TRIES} forks (found after the fork)"
         if started is None:
             started = self._start_spawned()
         self.how = (method, why)
