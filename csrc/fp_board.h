@@ -245,7 +245,11 @@ static inline int fp_board_take_attention(fp_board_t *b)
 {
     return fp_xchg32_acqrel(&b->attention, 0) != 0;
 }
-static inline void fp_board_kick(fp_board_t *b) { fp_event_kick(&b->done); }
+/* A kick is sticky (attention): a thread that checked its loop's condition (the pool
+ * torn down, shut down) just before the kick, and parks just after it, sees it in
+ * has_work and returns at once instead of sleeping out its timeout (the collector's
+ * idle park is 30 s: teardown's join of it gave up after 5 s and left the board mapped). */
+static inline void fp_board_kick(fp_board_t *b) { fp_board_flag_attention(b); }
 static inline void fp_boardv_want(fp_boardv_t *v, int delta)
 {
     if (delta > 0)

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+import traceback
 import weakref
 from typing import Any, Callable, Literal
 
@@ -287,9 +288,15 @@ class Runtime:
             if others:
                 # A thread that still runs may be inside a wait on the board: unmapping
                 # under it would crash the process.  Leave the mappings to process exit.
+                frames = sys._current_frames()
                 log.error(
-                    "fastpool: %s did not stop; the pool's shared memory stays mapped",
+                    "fastpool: %s did not stop; the pool's shared memory stays mapped\n%s",
                     ", ".join(t.name for t in others),
+                    "".join(
+                        f"{t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+                        for t in others
+                        if t.ident in frames
+                    ),
                 )
             else:
                 disp.lock_drive()

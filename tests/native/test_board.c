@@ -486,6 +486,17 @@ TEST(parent_has_work_for_results_or_attention)
     board_free(t);
 }
 
+TEST(a_kick_before_the_park_is_not_lost)
+{
+    tboard_t *t = board_new(2, 4096);
+    fp_board_kick(t->b); /* nobody parked yet: the next park must still see it */
+    /* 1: it returned for the kick; a lost kick parks the whole 5 s and returns 0 */
+    CHECK_EQ(fp_boardv_wait_results(&t->parent, 5000 * MS, 0), 1);
+    CHECK_EQ(fp_board_take_attention(t->b), 1);
+    CHECK_EQ(fp_boardv_parent_has_work(&t->parent), 0);
+    board_free(t);
+}
+
 /* ---- a worker scribbles the shared header: the parent's views hold --------- */
 
 /* The header's geometry is read only by an attach check.  A worker that sets
