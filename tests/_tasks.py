@@ -10,6 +10,7 @@ this directory on ``sys.path`` and the workers inherit it.
 
 from __future__ import annotations
 
+import copyreg
 import os
 import threading
 import time
@@ -328,6 +329,33 @@ def raise_unpicklable_exception(msg: str, kind: str = "lock") -> None:
     if kind == "lock":
         raise LockedError(msg)
     raise TwoArgError(msg, 7)
+
+
+def _reduce_with_traceback(exc: BaseException) -> tuple:
+    """A reducer like tblib's (which importing Dask installs): it pickles the traceback,
+    here as one nested tuple per frame, as deep as the traceback is long."""
+    frames: Any = ()
+    tb = exc.__traceback__
+    while tb is not None:
+        frames = (tb.tb_frame.f_code.co_name, (frames,))
+        tb = tb.tb_next
+    return (_rebuild_recursion_error, (exc.args, frames))
+
+
+def _rebuild_recursion_error(args: tuple, _frames: Any) -> RecursionError:
+    return RecursionError(*args)
+
+
+def _recurse(n: int) -> int:
+    return _recurse(n + 1) + 1
+
+
+def overflow_the_stack_with_a_traceback_reducer() -> None:
+    """Overflows the stack (a real RecursionError, ~1,000 frames of traceback) in a
+    worker whose copyreg pickles an exception's traceback: its pickle recurses past the
+    limit too."""
+    copyreg.pickle(RecursionError, _reduce_with_traceback)
+    _recurse(0)
 
 
 # ---- reentrancy: submitting from done-callbacks -------------------------------------

@@ -349,13 +349,33 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.tb}"""'
 
 
+def _crossing(exc: BaseException) -> bytes | None:
+    """exc's pickle, or None if it does not pickle or cannot be rebuilt (a bad __init__).
+    Plain pickle leaves out the traceback and the chain; a reducer registered for
+    exceptions may not (tblib's, which importing Dask installs, pickles both, and a
+    RecursionError's traceback is deeper than the pickler may recurse): one more try
+    without them, whose text travels beside the pickle anyway."""
+    try:
+        out = dumps(exc)
+        loads(out)
+        return out
+    except Exception:
+        pass
+    saved = exc.__traceback__, exc.__cause__, exc.__context__, exc.__suppress_context__
+    try:
+        exc.__traceback__ = exc.__cause__ = exc.__context__ = None
+        out = dumps(exc)
+        loads(out)
+        return out
+    except Exception:
+        return None
+    finally:
+        exc.__traceback__, exc.__cause__, exc.__context__, exc.__suppress_context__ = saved
+
+
 def encode_exception(exc: BaseException) -> bytes:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        exc_bytes: bytes | None = dumps(exc)
-        loads(exc_bytes)  # some exceptions pickle but cannot be rebuilt (bad __init__)
-    except Exception:
-        exc_bytes = None
+    exc_bytes = _crossing(exc)
     try:
         message = str(exc)
     except Exception:

@@ -99,6 +99,18 @@ def test_an_exception_that_cannot_cross_becomes_RemoteError_with_its_type_and_me
     assert_unharmed(pool, pids)
 
 
+def test_a_stack_overflow_arrives_as_RecursionError_where_a_reducer_pickles_tracebacks() -> None:
+    # tblib's reducer (installed by importing Dask) pickles the traceback too; a
+    # RecursionError's is too deep to pickle, and once arrived as RemoteError
+    # (joblib's test_thread_bomb_mitigation)
+    with make_pool(workers=1) as pool:
+        fut = pool.submit(_tasks.overflow_the_stack_with_a_traceback_reducer)
+        with pytest.raises(RecursionError, match="maximum recursion depth") as info:
+            fut.result(timeout=RESULT_S)
+        assert "_recurse" in str(info.value.__cause__)  # the worker's traceback, as text
+        assert pool.submit(_tasks.double, 4).result(timeout=RESULT_S) == 8
+
+
 # ---- functions sent by value -------------------------------------------------------
 
 
