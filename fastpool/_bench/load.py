@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psutil
@@ -36,8 +36,9 @@ READY_TIMEOUT_S = 60.0  # a program's interpreter, imports and warm pool, on a l
 _HOG = "import sys\nsys.stdout.write('running\\n')\nsys.stdout.flush()\nwhile True:\n    pass\n"
 
 
-def _end(procs: list[subprocess.Popen]) -> None:
-    """SIGKILL each of ``procs`` by its pid and reap it (a hog never exits by itself)."""
+def _end(procs: list[subprocess.Popen], theirs: Sequence[psutil.Process] = ()) -> None:
+    """SIGKILL each of ``procs`` by its pid and reap it (a hog never exits by itself), then
+    wait for ``theirs``, the processes they started, and SIGKILL any still running."""
     for proc in procs:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -47,6 +48,21 @@ def _end(procs: list[subprocess.Popen]) -> None:
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()
+    # A program's pool leaves servers that end by themselves when it exits (3.14's default
+    # forkserver and resource tracker: on EOF of their pipe), moments after it.  Without
+    # this wait, a row returned with them still running, orphaned.
+    _gone, alive = psutil.wait_procs(theirs, timeout=10)
+    for leftover in alive:
+        with contextlib.suppress(psutil.Error):
+            leftover.kill()
+    psutil.wait_procs(alive, timeout=10)
+
+
+def _descendants(proc: subprocess.Popen) -> list[psutil.Process]:
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 @contextlib.contextmanager
@@ -81,6 +97,7 @@ def programs_at_once(peer: str, n: int, workers: int, seconds: float) -> list[fl
     ``workers``: each times no-op round trips for the same ``seconds``, started together
     once every one is warm. Returns each program's median round trip, in seconds."""
     procs: list[subprocess.Popen] = []
+    theirs: list[psutil.Process] = []
     try:
         for _ in range(n):
             procs.append(
@@ -102,6 +119,7 @@ def programs_at_once(peer: str, n: int, workers: int, seconds: float) -> list[fl
         for proc in procs:  # every pool warm before any clock starts
             if _read_line(proc, READY_TIMEOUT_S) != "ready":
                 raise RuntimeError(f"program {proc.pid} did not get ready: {_stderr(proc)}")
+            theirs += _descendants(proc)  # its pool is up: the processes it runs exist now
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write("go\n")
@@ -117,7 +135,7 @@ def programs_at_once(peer: str, n: int, workers: int, seconds: float) -> list[fl
             proc.wait(timeout=READY_TIMEOUT_S)
         return medians
     finally:
-        _end(procs)
+        _end(procs, theirs)
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:

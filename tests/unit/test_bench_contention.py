@@ -43,6 +43,18 @@ def test_hogs_are_ended_when_the_row_under_them_fails() -> None:
     assert seen and _hogs_left(seen) == []
 
 
+def test_three_programs_leave_nothing_of_theirs_behind_not_even_an_orphan() -> None:
+    """Each program's pool starts servers that outlive the program by moments (3.14's
+    forkserver and resource tracker under mp.Pool): the row waits for them by pid. This
+    session is a child subreaper (conftest), so an orphan comes back here, running or a
+    zombie; either is a leftover.  Under 3.11 mp.Pool forks and starts no server."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    medians = load.programs_at_once("mp.Pool", 3, 2, 0.05)
+    assert len(medians) == 3
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert [p.pid for p in new] == []
+
+
 def test_every_contention_row_runs_at_tiny_sizes_and_leaves_no_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
