@@ -30,8 +30,9 @@ log = logging.getLogger("fastpool")
 
 # How long nothing is in flight and the parent takes no arena block before this thread
 # trims the parent's arena region (Arena.trim: the pages of freed blocks beyond its warm
-# reserve go back to the kernel), well inside the supervisor's IDLE_LINGER_S.  A run of
-# calls never waits for it: only a pause does (docs/arrays.md, "Memory that comes back").
+# reserve go back to the kernel).  The supervisor keeps ticking until that first trim
+# (trim_waiting), whatever its IDLE_LINGER_S.  A run of calls never waits for it: only a
+# pause does (docs/arrays.md, "Memory that comes back").
 TRIM_QUIET_S = 0.1
 
 
@@ -47,6 +48,7 @@ class MemoryTick:
         # supervisor thread's first steps (Thread.start) while it holds the GIL
         self._next = time.monotonic() + sup.settings["memory_interval_s"]
         self._trim_seen, self._trim_quiet_since, self._trim_due = -1, 0.0, False
+        self._trim_tried = False  # a trim ran since the last task or block taken
 
     def tick(self) -> None:
         """One pass of the supervisor's loop: the memory checks when they are due
@@ -64,9 +66,18 @@ class MemoryTick:
         arena, now = self.sup.arena, time.monotonic()
         if self.sup.disp.inflight or arena.allocs != self._trim_seen:
             self._trim_seen, self._trim_quiet_since, self._trim_due = arena.allocs, now, True
+            self._trim_tried = False
             return
         if self._trim_due and now - self._trim_quiet_since >= TRIM_QUIET_S:
             self._trim_due = bool(arena.trim()[1])
+            self._trim_tried = True
+
+    def trim_waiting(self) -> bool:
+        """Whether the pool's last activity has not had its trim yet: the supervisor keeps
+        its ticks until it has.  Blocks still live then (a result the caller holds) are
+        trimmed again only at later ticks for other reasons: a held array must not keep
+        an idle pool's thread waking."""
+        return self._trim_due and not self._trim_tried
 
     def unsampled(self) -> bool:
         """A live worker whose memory may have changed since its last sample."""

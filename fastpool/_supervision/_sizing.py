@@ -301,27 +301,34 @@ def usable_cpus(root: StrPath = "/") -> int:
 def _memory_levels(pid: int | str, root: StrPath) -> list[tuple[int, int | None]]:
     """(limit, usage net of reclaimable page cache) for every level that has a limit."""
     levels: list[tuple[int, int | None]] = []
+    # The limit first: a level without one is skipped before its usage and memory.stat
+    # are read (the supervisor reads this every memory_interval_s; most levels have none).
     for cg in find_cgroups("memory", pid, root):
         for i, level in enumerate(cg.levels()):
-            stat = read_or_none(level / "memory.stat")
+            stat = None
             if cg.version == 2:
                 raw = read_or_none(level / "memory.max")
                 limit = None if raw is None or raw.strip() == "max" else int_or_none(raw)
-                usage = int_or_none(read_or_none(level / "memory.current"))
-                inactive = stat_field(stat, "inactive_file")
             else:
                 limit = int_or_none(read_or_none(level / "memory.limit_in_bytes"))
                 if i == 0:
                     # Covers ancestors hidden from us by a cgroup namespace.
+                    stat = read_or_none(level / "memory.stat")
                     hier = stat_field(stat, "hierarchical_memory_limit")
                     if hier is not None and (limit is None or hier < limit):
                         limit = hier
                 if limit is not None and limit >= V1_UNLIMITED_BYTES:
                     limit = None
-                usage = int_or_none(read_or_none(level / "memory.usage_in_bytes"))
-                inactive = stat_field(stat, "total_inactive_file")
             if limit is None or limit <= 0:
                 continue
+            if stat is None:
+                stat = read_or_none(level / "memory.stat")
+            if cg.version == 2:
+                usage = int_or_none(read_or_none(level / "memory.current"))
+                inactive = stat_field(stat, "inactive_file")
+            else:
+                usage = int_or_none(read_or_none(level / "memory.usage_in_bytes"))
+                inactive = stat_field(stat, "total_inactive_file")
             if usage is not None and inactive is not None:
                 # Usage counts page cache that the kernel drops before it
                 # OOM-kills anyone; docker stats subtracts it the same way.

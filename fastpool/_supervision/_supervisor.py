@@ -65,9 +65,11 @@ log = logging.getLogger("fastpool")
 EXIT_STATUS_WAIT_S = 1.0
 STOP_GRACE_S = 2.0
 # How long the thread keeps its timers after the last task settled before it sleeps
-# (until a submit, a death, the template or a timer wakes it): back-to-back calls never
-# pay the wake, and the workers that just ran get their last memory samples.
-IDLE_LINGER_S = 1.0
+# (until a submit, a death, the template or a timer wakes it): calls under this apart
+# never pay the wake.  Each tick of it costs ~0.2 ms of CPU (a thread's wake, here), so
+# 1 s of them was ~2 ms/s of an idle pool's first second.  The workers that just ran get
+# their last memory samples whatever this is (see _watching: unsampled()).
+IDLE_LINGER_S = 0.2
 _reqs = itertools.count(1)
 
 
@@ -455,15 +457,16 @@ class Supervisor:
 
     def _watching(self, now: float) -> bool:
         """Whether liveness and memory need this thread's ticks: a task is in flight, a
-        worker starts or has not been sampled since its last task, or the last task ended
-        under IDLE_LINGER_S ago.  False only once the dispatcher promised to wake us
-        (``wake``) when it accepts a task: that promise is made before the last look at
-        inflight, and the dispatcher checks it after its insert (both under the GIL)."""
+        worker starts or has not been sampled since its last task, the last task ended
+        under IDLE_LINGER_S ago, or the parent's arena region awaits its trim after it.
+        False only once the dispatcher promised to wake us (``wake``) when it accepts a
+        task: that promise is made before the last look at inflight, and the dispatcher
+        checks it after its insert (both under the GIL)."""
         disp = self.disp
         if disp.inflight or self.memory.unsampled():
             self._busy_until = now + IDLE_LINGER_S
             return True
-        if now < self._busy_until:
+        if now < self._busy_until or self.memory.trim_waiting():
             return True
         disp.idle_watch = True
         if disp.inflight:

@@ -291,8 +291,10 @@ def test_recycling_by_leak_threshold_between_tasks(monitor):
 
 def test_dispatch_pauses_under_memory_pressure_and_resumes(monitor):
     with fastpool.Pool(1, min_available_memory="1GiB", memory_interval_s=0.02) as p:
+        # simulated: 100 MiB left, from before the first task, whose ticks (in flight, then
+        # the supervisor's linger after it) read it: an idle pool reads nothing
+        p._settings["available_memory"] = lambda: 100 * 2**20
         assert p.submit(_tasks.double, 1).result(timeout=30) == 2
-        p._settings["available_memory"] = lambda: 100 * 2**20  # simulated: 100 MiB left
         wait_for(lambda: p.stats()["dispatch_paused"], 10, "dispatch to pause")
         fut = p.submit(_tasks.double, 21)
         monitor.wait_ticks()  # the pool looked again, and still holds it

@@ -11,6 +11,7 @@ import pytest
 from _waiting import wait_for
 
 import fastpool
+from fastpool._supervision import _memory_tick, _supervisor
 
 MIB = 1 << 20
 N = 4 * MIB  # float64: 32 MiB a slice
@@ -20,7 +21,17 @@ def doubled(x: np.ndarray) -> np.ndarray:
     return x * 2
 
 
-def test_a_batch_of_large_arrays_gives_its_memory_back_once_the_pool_is_idle():
+@pytest.mark.parametrize("linger_s", [None, 0.0])
+def test_a_batch_of_large_arrays_gives_its_memory_back_once_the_pool_is_idle(
+    monkeypatch: pytest.MonkeyPatch, linger_s: float | None
+) -> None:
+    # 0.0: the supervisor would sleep once nothing is in flight and every worker has its
+    # last memory sample, before the trim's quiet time (made longer here); it stays up
+    # for the parent's trim (on a loaded machine the caller's last frees can come after
+    # any fixed linger), then sleeps
+    if linger_s is not None:
+        monkeypatch.setattr(_supervisor, "IDLE_LINGER_S", linger_s)
+        monkeypatch.setattr(_memory_tick, "TRIM_QUIET_S", 0.5)
     with fastpool.Pool(2) as pool:
         out = np.empty(8)
         for i, r in enumerate(pool.map(doubled, (np.full(N, i, float) for i in range(8)))):
