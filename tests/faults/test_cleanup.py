@@ -80,10 +80,11 @@ _PARENT = textwrap.dedent("""
         p = fastpool.Pool(2)
         keep = p.zeros(10**6)
         futs = [p.submit(_tasks.sleep_then, i, 60) for i in range(4)]
-        wait_for(  # both busy
-            lambda: sum(bool(w["current_task"]) for w in p.stats()["workers"]) == 2,
+        wait_for(  # both busy, and both pids known (READY's hook can follow a first task)
+            lambda: sum(bool(w["current_task"]) for w in p.stats()["workers"]) == 2
+            and len(p.pids()) == 2,
             60,
-            lambda: f"both workers busy: {{p.stats()}}",
+            lambda: f"both workers busy: {{p.stats()}}, pids {{p.pids()}}",
         )
         print(_template.template().pid, *p.pids(), flush=True)
         time.sleep(120)  # until the test SIGKILLs this process

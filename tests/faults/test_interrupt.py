@@ -36,10 +36,13 @@ _SCRIPT = textwrap.dedent("""
     from fastpool._runtime import _template
 
     def wait_busy(pool):
+        # and both pids known: a worker can take its first task (the board says busy)
+        # before the supervisor has its pid (READY's hook runs after that dispatch)
         wait_for(
-            lambda: sum(bool(w["current_task"]) for w in pool.stats()["workers"]) == 2,
+            lambda: sum(bool(w["current_task"]) for w in pool.stats()["workers"]) == 2
+            and len(pool.pids()) == 2,
             60,
-            lambda: f"both workers busy: {{pool.stats()['workers']}}",
+            lambda: f"both workers busy: {{pool.stats()['workers']}}, pids {{pool.pids()}}",
         )
         print("ready", _template.template().pid, *pool.pids(), flush=True)
 
