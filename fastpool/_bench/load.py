@@ -38,7 +38,8 @@ _HOG = "import sys\nsys.stdout.write('running\\n')\nsys.stdout.flush()\nwhile Tr
 
 def _end(procs: list[subprocess.Popen], theirs: Sequence[psutil.Process] = ()) -> None:
     """SIGKILL each of ``procs`` by its pid and reap it (a hog never exits by itself), then
-    wait for ``theirs``, the processes they started, and SIGKILL any still running."""
+    wait for ``theirs``, the processes they started (peers.reap: SIGKILL and a warning for
+    any still running after REAP_TIMEOUT_S)."""
     for proc in procs:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -51,11 +52,8 @@ def _end(procs: list[subprocess.Popen], theirs: Sequence[psutil.Process] = ()) -
     # A program's pool leaves servers that end by themselves when it exits (3.14's default
     # forkserver and resource tracker: on EOF of their pipe), moments after it.  Without
     # this wait, a row returned with them still running, orphaned.
-    _gone, alive = psutil.wait_procs(theirs, timeout=10)
-    for leftover in alive:
-        with contextlib.suppress(psutil.Error):
-            leftover.kill()
-    psutil.wait_procs(alive, timeout=10)
+    if theirs:
+        _peers.reap(list(theirs), "a program's pool")
 
 
 def _descendants(proc: subprocess.Popen) -> list[psutil.Process]:
