@@ -44,6 +44,7 @@ ROUND_MIN_S = 0.02
 MAX_INNER = 50
 CALIBRATION_CALLS = 5  # the last warm calls size a round of short calls
 MAX_WARMUP_CALLS = 500  # ...after a round's worth (ROUND_MIN_S) of them, at most this many
+LATENCY_SETTLE_S = 0.5  # a round-trip row's warm-up lasts at least this long (see measure)
 
 
 @dataclass
@@ -157,6 +158,13 @@ def _timed(case: Case, peer: _peers.Peer) -> Result:
     for _ in range(max(0, case.warmup - 1) + (case.calls if case.kind == "latency" else 0)):
         call()  # a latency round's worth too: the first calls find caches and spinners cold
     if case.kind == "latency":
+        # A pool just started is not yet the pool a program runs on, whoever's it is:
+        # each worker's BLAS threads, started by a limit above the template's one,
+        # spin-yield for OpenBLAS's thread timeout (~0.1 s), and the first tasks' memory
+        # samples run in the parent.  A round timed in that wake measured it (fastpool's
+        # lone worker: 7-13 us a call in such a process, 2.3-4.5 us after it).
+        while time.perf_counter() - t0 < LATENCY_SETTLE_S:
+            call()
         for _ in range(case.rounds):
             lat = []
             for _ in range(case.calls):

@@ -52,7 +52,8 @@ BURST_TASKS = 40
 BURST_TASK_S = 0.1
 # peers whose map has a default chunk size worth a row: PPE and loky default to 1 item
 DEFAULT_CHUNK_PEERS = ("fastpool", "mp.Pool")
-# --quick: under a minute on two cores with every peer installed (41 s measured under load)
+# --quick: the quiet section under a minute on two cores with every peer installed (52 s
+# measured quiet at the round trip's 0.5 s settle; 154 s with the contention section)
 QUICK_SUBMITS = 1_000
 QUICK_MAP_ITEMS = 50_000
 QUICK_CHUNKSIZES = (1000, 5000)

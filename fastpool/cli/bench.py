@@ -29,8 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="fewer rounds and sizes (no 256 MiB rows), 3 processes per peer: under a minute "
-        "on two cores",
+        help="fewer rounds and sizes (no 256 MiB rows), 3 processes per peer: the quiet "
+        "section in under a minute on two cores, about 2.5 minutes with the contention one",
     )
     p.add_argument(
         "--peers",
