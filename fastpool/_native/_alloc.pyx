@@ -213,14 +213,25 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
     return v.base + b.off + v.hdr
 
 
+# Bytes of hook blocks this process freed (all its hooks), ever: the worker's loop reads
+# what a task churned through (freed_bytes).  Written with the GIL held.
+cdef uint64_t _freed_here = 0
+
+
+cdef uint64_t freed_bytes() noexcept nogil:
+    return _freed_here
+
+
 cdef bint _give_back(hook_t *h, void *p) noexcept nogil:
     # True when p was a hook block's data (its reference is dropped here).
+    global _freed_here
     cdef Py_ssize_t page = _page_of(h, p)
     if page < 0:
         return False
     if getpid() != h.pid:
         return True  # inherited by a forked child: the reference is the parent's, not its own
     with gil:  # the bookkeeping is the GIL's; NumPy may free without it
+        _freed_here += h.recs[page].size
         h.recs[page].gen = 0
         if h.held[page]:
             h.held[page] -= 1

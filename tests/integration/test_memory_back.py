@@ -6,6 +6,9 @@ memfd (stats()["arena"]["held_bytes"]), never a sleep."""
 
 from __future__ import annotations
 
+import os
+
+import _tasks
 import numpy as np
 import pytest
 from _waiting import wait_for
@@ -69,3 +72,33 @@ def test_results_held_while_the_pool_trims_keep_their_data(kept):
         again = list(pool.map(doubled, (np.full(N, i, float) for i in range(8)), chunksize=1))
         assert all((r == 2.0 * i).all() for i, r in enumerate(again))
         assert (mine == 2.0 * kept).all()
+
+
+def churn(mib: int) -> int:
+    """Makes and frees large temporaries (each a block of this worker's arena region, by
+    the NumPy hook), as a task on a slice of a batch does; returns a small result."""
+    for _ in range(3):
+        t = np.ones(mib * MIB // 8)
+        t += 1.0
+        del t
+    return mib
+
+
+def test_a_task_that_churns_large_temporaries_gives_them_back_before_the_next_task(
+    tmp_path,
+) -> None:
+    # A run of such tasks never idles, so without the trim after the task its region would
+    # hold every task's temporaries until the run ends (the batch's peak, issue 24).  The
+    # second task holds the worker on a gate: the worker took it without idling between.
+    started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
+    with fastpool.Pool(1) as pool:
+        first = pool.submit(churn, 96)
+        held = pool.submit(_tasks.announce_then_gate, started, gate)
+        try:
+            assert first.result(timeout=60) == 96
+            wait_for(lambda: os.path.exists(started), 30, lambda: "the second task to start")
+            arena = pool.stats()["arena"]
+            assert arena["returned_bytes"] >= 64 * MIB, arena
+        finally:
+            open(gate, "w").close()
+        assert held.result(timeout=60) == ""
