@@ -51,7 +51,7 @@ MAX_WINDOW_PER_WORKER = 64  # ...in at most this many chunks per worker
 # least one chunk per worker and one spare): each one sent by value is copied into the
 # arena, so 128 chunks of 64 MiB slices would all be copied at once (issue 24: the
 # batch of 32 slices of a 2 GiB array added 2.6 GiB at its peak); a few slices at a
-# time keep both workers busy as well.  Measured on that batch (2 workers, 16 runs): at
+# time keep both workers busy as well.  Measured on that batch (2 workers, 8 runs each): at
 # 128 MiB (three 64 MiB slices in flight: the one-per-worker-plus-a-spare floor) its peak
 # read 960-1,218 MiB (median 1,088) against 1,033-1,280 (median 1,158) at 256 MiB, in
 # the same 4.2-5.9 s; the peak's rest is the tasks' own float64 temporaries.
