@@ -108,16 +108,25 @@ def _as_multiprocessing(exc: BaseException) -> BaseException:
     a MaybeEncodingError, an argument whose pickling raised is that exception itself
     (with fastpool's explanation as a note), and a task's exception has
     ``multiprocessing.pool.RemoteTraceback`` as its ``__cause__`` (fastpool's carries
-    the same traceback text).  Anything else is returned as it is."""
+    the same traceback text).  Anything else is returned as it is.
+
+    A SerializationError that a task raised (a nested pool's, say) is that task's
+    exception: its cause is the worker's traceback, never a pickling error of this
+    process, and it is raised as it is, as multiprocessing raises a task's exception."""
     if isinstance(exc, errors.SerializationError) and not isinstance(exc, MaybeEncodingError):
         if exc.what.startswith(_WAY_BACK):
             back = MaybeEncodingError(exc.what, exc.reason)
             back.__cause__ = exc.__cause__
-            return back
-        cause = exc.__cause__
-        if isinstance(cause, Exception) and not isinstance(cause, errors.FastPoolError):
-            cause.add_note(str(exc))
-            return cause
+            exc = back
+        else:
+            cause = exc.__cause__
+            if (
+                isinstance(cause, Exception)
+                and not isinstance(cause, errors.FastPoolError)
+                and type(cause) is not _FastpoolTraceback
+            ):
+                cause.add_note(str(exc))
+                return cause
     tb = exc.__cause__
     if type(tb) is _FastpoolTraceback:
         exc.__cause__ = _mp_pool.RemoteTraceback(f'\n"""\n{tb.tb}"""')

@@ -64,3 +64,12 @@ def _waiting_ready(pool: fastpool.Pool) -> None:
     from _waiting import wait_workers_ready
 
     wait_workers_ready(pool, 1)
+
+
+def nested_unpicklable_argument(_: Any = None) -> Any:
+    """Submits a lock to a pool made in this task: the nested pool raises its
+    SerializationError to the task, which lets it go."""
+    import threading
+
+    with fastpool.Pool(1) as inner:
+        return inner.submit(abs, threading.Lock()).result(timeout=RESULT_S)

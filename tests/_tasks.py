@@ -323,6 +323,17 @@ def raise_custom(code: int) -> None:
     raise CustomError(code, "raised on purpose")
 
 
+def raise_serialization_error(x: int) -> int:
+    """Raises fastpool's SerializationError as the task's own exception (what a nested
+    pool raises to the task): it must come back as itself, not as a pickling failure.
+    Item 3 alone raises, for the maps."""
+    if x == 3:
+        import fastpool
+
+        raise fastpool.SerializationError(f"item {x}", "raised by the task")
+    return x
+
+
 def raise_unpicklable_exception(msg: str, kind: str = "lock") -> None:
     """Raises an exception that cannot come back as itself: one holding a lock
     (pickling fails) or one whose __init__ breaks the round trip (unpickling fails)."""

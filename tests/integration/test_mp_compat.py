@@ -219,6 +219,35 @@ def test_an_exception_keeps_its_type_arguments_and_worker_traceback(make: Make) 
     assert "raise_custom" in str(info.value.__cause__)  # the worker's traceback
 
 
+def test_a_serialization_error_the_task_raised_comes_out_as_itself(make: Make) -> None:
+    """Issue 32, defect 4: fastpool.mp raised fastpool's RemoteTraceback (the exception's
+    cause) in place of a SerializationError the task raised, taking it for a pickling
+    failure of the call's own arguments."""
+    p = make(2)
+    f = _tasks.raise_serialization_error
+    with pytest.raises(fastpool.SerializationError, match="raised by the task") as info:
+        p.apply(f, (3,))
+    assert "raise_serialization_error" in str(info.value.__cause__)  # the worker's traceback
+    with pytest.raises(fastpool.SerializationError, match="item 3"):
+        p.apply_async(f, (3,)).get(WAIT_S)
+    with pytest.raises(fastpool.SerializationError, match="item 3"):
+        p.map(f, range(6), chunksize=2)
+    it = p.imap(f, range(6))
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(fastpool.SerializationError, match="item 3"):
+        next(it)
+
+
+def test_a_nested_pools_serialization_error_comes_out_of_fastpool_mp_as_itself() -> None:
+    import _nested_tasks
+
+    with fastpool.mp.Pool(1) as p:
+        with pytest.raises(fastpool.SerializationError, match="_thread.lock") as info:
+            p.apply(_nested_tasks.nested_unpicklable_argument, (0,))
+        assert type(info.value) is fastpool.SerializationError
+        assert "nested_unpicklable_argument" in str(info.value.__cause__)
+
+
 def test_an_unpicklable_argument_fails_its_result_not_the_call(make: Make) -> None:
     p = make(2)
     r = p.apply_async(_tasks.double, (threading.Lock(),))
