@@ -722,7 +722,12 @@ class Supervisor:
         """Reads the template's replies until every start sent to it has its pidfd (or the
         deadline passes, or the template is gone: its workers died with it)."""
         conn = self.conn
-        while any(s.live and s.pidfd is None and s.via is conn for s in self.slots):
+        # A worker whose death _on_pidfd already queued has no pidfd either, but its reply
+        # came long ago: waiting for it cost every such shutdown the whole stop grace.
+        dead = {sid for sid, _pid, _code in self._deaths}
+        while any(
+            s.live and s.pidfd is None and s.via is conn and s.id not in dead for s in self.slots
+        ):
             try:
                 if not select_read(conn, max(0.0, deadline - time.monotonic())):
                     return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -163,3 +164,50 @@ def test_shutdown_waits_for_a_starting_worker_to_run_its_initializer(
         assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # exited; its parent reaps
     except psutil.NoSuchProcess:
         pass
+
+
+@pytest.fixture
+def supervisor_sees_deaths(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """A supervisor thread that, once shutdown stops it, runs on until it has handled every
+    worker's exit (_on_pidfd: the pidfd closed, the death queued), and deaths that nobody
+    judges once the pool stops (the driver thread had not got to them before the reap), as
+    when the workers' exits reach the supervisor before its stop; and a record of every
+    wait on the template connection (select_read on anything but a pidfd) after that."""
+    waits: list[Any] = []
+    real_select_read = _supervisor.select_read
+    real_on_attention = _supervisor.Supervisor.on_attention
+
+    def on_attention(self: Any) -> None:
+        if not self.stopping:
+            real_on_attention(self)
+
+    def run(self: Any) -> None:
+        deadline = time.monotonic() + RESULT_S  # bounded: a failing test never hangs
+        while time.monotonic() < deadline and (
+            not self.stopping or any(s.pidfd is not None for s in self.slots)
+        ):
+            self._once()
+        monkeypatch.setattr(_supervisor, "select_read", select_read)
+
+    def select_read(fd: Any, timeout: float) -> bool:
+        if not isinstance(fd, int):  # the template's connection (pidfds are ints)
+            waits.append(timeout)
+        return real_select_read(fd, timeout)
+
+    monkeypatch.setattr(_supervisor.Supervisor, "run", run)
+    monkeypatch.setattr(_supervisor.Supervisor, "on_attention", on_attention)
+    return waits
+
+
+def test_shutdown_does_not_wait_for_replies_of_workers_whose_exit_it_saw(
+    supervisor_sees_deaths: list[Any],
+) -> None:
+    # A worker whose exit the supervisor handled before teardown has no pidfd any more,
+    # like a worker whose template reply has not come: shutdown waited the whole stop
+    # grace (2 s) for a reply that had come long before, in about half of the fresh
+    # pools' shutdowns on two cores.
+    with make_pool(2) as pool:
+        assert pool.submit(_tasks.double, 3).result(timeout=RESULT_S) == 6
+        pool.shutdown(wait=True)
+    assert supervisor_sees_deaths == [], "shutdown waited on the template for dead workers"
+    assert pool.pids() == []
