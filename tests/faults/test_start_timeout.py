@@ -20,6 +20,7 @@ from _waiting import running, wait_for, wait_gone, wait_workers_ready
 import fastpool
 from fastpool import CircuitOpen
 from fastpool._runtime import _template
+from fastpool._supervision import _policy
 
 pytestmark = [pytest.mark.faults, pytest.mark.linux]
 
@@ -132,19 +133,25 @@ def test_a_spawn_request_lost_with_its_template_is_asked_again_at_once(tmp_path)
         assert _template.template().pid != template
 
 
-def test_a_worker_forked_for_a_spawn_request_that_timed_out_is_killed(tmp_path):
+def test_a_worker_forked_for_a_spawn_request_that_timed_out_is_killed(tmp_path, monkeypatch):
     """The template is only slow (SIGSTOP, then SIGCONT after the deadline).  The
     worker retires after one task (a planned exit: the replacement is requested at
-    once), its spawn request times out, and the slot backs off for 30 s.  Resumed,
+    once), its spawn request times out, and the slot backs off for 10 s.  Resumed,
     the template forks a worker for the request the slot gave up on and replies
     with its pid.  Nobody wants that worker: it must be killed, not left to attach
     the slot's board and serve it unwatched (and, in a pool with a restart already
     requested, steal the replacement's K_INIT: a task then fails with WorkerCrashed,
-    exit code 4)."""
+    exit code 4).
+
+    The backoff is its ceiling, not a draw: full jitter can draw ~0 s, and the slot was
+    starting again when the test looked (issue 32: 'ready' on a loaded machine, the
+    replacement started 125 ms after the timeout).  10 s fixed, not 30 drawn: the test
+    waits for the restart, and the state is read a few milliseconds into those 10 s."""
     import psutil
 
+    monkeypatch.setattr(_policy.Backoff, "delay", _policy.Backoff.ceiling)
     with fastpool.Pool(
-        1, start_timeout=START_TIMEOUT_S, max_tasks_per_worker=1, backoff_base_s=30
+        1, start_timeout=START_TIMEOUT_S, max_tasks_per_worker=1, backoff_base_s=10
     ) as pool:
         (pid,) = wait_workers_ready(pool)
         template = _template.template().pid
