@@ -107,3 +107,17 @@ def wait_workers_ready(pool, n: int | None = None, timeout: float = DEADLINE_S) 
         return pids if len(pids) == want else []
 
     return wait_for(ready, timeout, lambda: f"{want} ready workers: {pool.stats()['workers']}")
+
+
+def spy_select(sup) -> list:
+    """Records the timeout of every select a pool's supervisor thread makes (``pool._sup``):
+    None is a sleep until something wakes it."""
+    timeouts: list = []
+    real = sup.sel.select
+
+    def select(timeout=None):
+        timeouts.append(timeout)
+        return real(timeout)
+
+    sup.sel.select = select
+    return timeouts

@@ -232,6 +232,7 @@ cdef bint _give_back(hook_t *h, void *p) noexcept nogil:
         return True  # inherited by a forked child: the reference is the parent's, not its own
     with gil:  # the bookkeeping is the GIL's; NumPy may free without it
         _freed_here += h.recs[page].size
+        (<Arena>h.arena)._dropped_own(h.recs[page].size)
         h.recs[page].gen = 0
         if h.held[page]:
             h.held[page] -= 1

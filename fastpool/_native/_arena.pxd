@@ -92,6 +92,9 @@ cdef class Arena:
     cdef uint8_t *_punched       # per page of the own region: a trim gave it back (calloc, lazy)
     cdef uint64_t _npunched      # pages flagged in _punched
     cdef readonly uint64_t allocs  # blocks this process took in its region (Arena.alloc, hook)
+    cdef readonly uint64_t freed   # bytes of its region's blocks this process dropped
+    cdef int _wake_fd            # written once freed passes _wake_at (wake_on_free), or -1
+    cdef uint64_t _wake_min, _wake_at
     cdef int _fd
     cdef readonly uint32_t proc
     cdef readonly uint64_t token
@@ -100,6 +103,8 @@ cdef class Arena:
     cdef object __weakref__
 
     cdef _disown(self)
+    cdef void _dropped_own(self, uint64_t nbytes) noexcept
+    cdef _unwake(self)
     cdef _punch_free(self)
     cdef _punch_free_region(self, uint32_t r)
     cdef _maybe_unmap(self)

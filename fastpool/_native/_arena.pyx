@@ -53,7 +53,9 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyBUF_FORMAT
 
 from fastpool import errors
 
-from fastpool._native._sys cimport FP_ERRNO, FP_OK, PROT_READ, PROT_WRITE, close, errno, munmap
+from fastpool._native._sys cimport (
+    FP_ERRNO, FP_OK, PROT_READ, PROT_WRITE, close, errno, munmap, write,
+)
 
 from fastpool._native._shm cimport (
     FP_SHM_FD_FLOOR, fp_shm_attach, fp_shm_create, fp_shm_dup, fp_shm_map, fp_shm_privatise,
@@ -177,6 +179,7 @@ cdef class Arena:
         self._own_top = FP_ARENA_TOP_UNKNOWN
         self._held = NULL
         self._punched = NULL
+        self._wake_fd = -1
 
     @staticmethod
     def create(nworkers, budget, str name="fastpool-arena"):
@@ -281,6 +284,7 @@ cdef class Arena:
         if self.closed:
             return
         self.closed = True
+        self._unwake()
         if _registry.get(self.token) is not None and _registry[self.token]() is self:
             del _registry[self.token]
         if self._fd >= 0:
@@ -304,8 +308,38 @@ cdef class Arena:
                 fp_shm_privatise(self._fd, self._ro, self._v.total_size, PROT_READ)
             close(self._fd)
             self._fd = -1
+        self._unwake()  # the parent's supervisor's pipe: the child's frees are no news to it
         self.closed = True
         self._maybe_unmap()
+
+    def wake_on_free(self, int fd, uint64_t min_bytes=0):
+        """From now on, once this process has dropped ``min_bytes`` of its region's blocks
+        since the last ``arm_wake``, one byte is written to ``fd`` (once per arming): the
+        supervisor, asleep while the pool idles, wakes to trim what an array freed then
+        left (docs/arrays.md, "Memory that comes back").  The arena owns ``fd`` (a dup)
+        and closes it here when replaced, at close and in a forked child.  ``fd`` -1:
+        no more wakes."""
+        self._unwake()
+        self._wake_fd, self._wake_min = fd, max(min_bytes, 1)  # _wake_at 0: not armed
+
+    def arm_wake(self):
+        """The next ``min_bytes`` this process drops wake the fd of ``wake_on_free``."""
+        self._wake_at = self.freed + self._wake_min
+
+    cdef void _dropped_own(self, uint64_t nbytes) noexcept:
+        # A Block or a hook block of the own region dropped here (with the GIL).  The
+        # write is one syscall, made at most once per arming: a pool asleep costs its
+        # parent's frees nothing else.
+        cdef char one = 120  # b"x"
+        self.freed += nbytes
+        if self._wake_fd >= 0 and self._wake_at and self.freed >= self._wake_at:
+            self._wake_at = 0
+            write(self._wake_fd, &one, 1)  # a full pipe already says "wake"
+
+    cdef _unwake(self):
+        if self._wake_fd >= 0:
+            close(self._wake_fd)
+        self._wake_fd, self._wake_at = -1, 0
 
     cdef _punch_free(self):
         cdef uint32_t r
@@ -329,6 +363,7 @@ cdef class Arena:
 
     def __dealloc__(self):
         self._unmap()
+        self._unwake()
         free(self._held)
         free(self._seen_end)
         free(self._punched)
@@ -705,6 +740,8 @@ cdef class Block:
         if a is not None:
             if a._v.base != NULL:
                 fp_arena_unref(&a._v, a.proc, self.off)
+            if self._own:
+                a._dropped_own(self.nbytes)
             if self._own and a._held != NULL:
                 i = (self.off - a._own_base()) // FP_ARENA_PAGE
                 if a._held[i]:

@@ -16,6 +16,7 @@ cdef extern from "<unistd.h>" nogil:
     int ftruncate(int fd, long length)
     int close(int fd)
     long pread(int fd, void *buf, size_t count, long offset)
+    long write(int fd, const void *buf, size_t count)
 
 cdef extern from "<errno.h>":
     int errno

@@ -34,6 +34,10 @@ log = logging.getLogger("fastpool")
 # (trim_waiting), whatever its IDLE_LINGER_S.  A run of calls never waits for it: only a
 # pause does (docs/arrays.md, "Memory that comes back").
 TRIM_QUIET_S = 0.1
+# What the parent must drop of its region's blocks (a pool.share / pool.empty / arrays()
+# array going, while the pool idles and this thread sleeps) to wake this thread for a
+# trim: less stays warm anyway (Arena.trim's reserve is 16 MiB).
+TRIM_WAKE_BYTES = 1 << 20
 
 
 class MemoryTick:
@@ -49,6 +53,7 @@ class MemoryTick:
         self._next = time.monotonic() + sup.settings["memory_interval_s"]
         self._trim_seen, self._trim_quiet_since, self._trim_due = -1, 0.0, False
         self._trim_tried = False  # a trim ran since the last task or block taken
+        self._freed_seen = 0  # arena.freed at the last tick: a drop since is a trim due
 
     def tick(self) -> None:
         """One pass of the supervisor's loop: the memory checks when they are due
@@ -68,9 +73,19 @@ class MemoryTick:
             self._trim_seen, self._trim_quiet_since, self._trim_due = arena.allocs, now, True
             self._trim_tried = False
             return
+        if arena.freed != self._freed_seen:  # an array of the region went since: its turn
+            self._freed_seen, self._trim_due, self._trim_tried = arena.freed, True, False
         if self._trim_due and now - self._trim_quiet_since >= TRIM_QUIET_S:
             self._trim_due = bool(arena.trim()[1])
             self._trim_tried = True
+
+    def may_sleep(self) -> bool:
+        """Arms the arena's wake (Arena.wake_on_free) for the supervisor's sleep, then
+        says whether it may sleep: not if the parent dropped blocks since the last tick
+        (they were dropped before the arming, and woke nobody)."""
+        arena = self.sup.arena
+        arena.arm_wake()
+        return arena.freed == self._freed_seen
 
     def trim_waiting(self) -> bool:
         """Whether the pool's last activity has not had its trim yet: the supervisor keeps

@@ -46,7 +46,7 @@ from fastpool._runtime import _codec, _template
 from fastpool._runtime._events import Fate, Happened, SlotEvent
 from fastpool._runtime._lazy import LazyModule
 from fastpool._supervision import _policy
-from fastpool._supervision._memory_tick import MemoryTick
+from fastpool._supervision._memory_tick import TRIM_WAKE_BYTES, MemoryTick
 from fastpool._supervision._slot import Slot, select_read, stats_row
 
 if TYPE_CHECKING:
@@ -115,6 +115,9 @@ class Supervisor:
         self.conn = _template.template().connect()
         self.sel.register(self.conn, selectors.EVENT_READ, ("conn", -1))
         self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
+        # an array of the parent's region freed while this thread sleeps wakes it for
+        # the trim (the arena owns the dup: a Block may outlive this object)
+        arena.wake_on_free(os.dup(self._wake_w), TRIM_WAKE_BYTES)
 
     # ---- spawning ------------------------------------------------------------------
 
@@ -458,15 +461,17 @@ class Supervisor:
     def _watching(self, now: float) -> bool:
         """Whether liveness and memory need this thread's ticks: a task is in flight, a
         worker starts or has not been sampled since its last task, the last task ended
-        under IDLE_LINGER_S ago, or the parent's arena region awaits its trim after it.
-        False only once the dispatcher promised to wake us (``wake``) when it accepts a
-        task: that promise is made before the last look at inflight, and the dispatcher
-        checks it after its insert (both under the GIL)."""
+        under IDLE_LINGER_S ago, or the parent's arena region awaits its trim after it
+        or since blocks of it were dropped (a freed pool.share array: once asleep, such
+        a drop wakes this thread through the arena, MemoryTick.may_sleep).  False only
+        once the dispatcher promised to wake us (``wake``) when it accepts a task: that
+        promise is made before the last look at inflight, and the dispatcher checks it
+        after its insert (both under the GIL)."""
         disp = self.disp
         if disp.inflight or self.memory.unsampled():
             self._busy_until = now + IDLE_LINGER_S
             return True
-        if now < self._busy_until or self.memory.trim_waiting():
+        if now < self._busy_until or self.memory.trim_waiting() or not self.memory.may_sleep():
             return True
         disp.idle_watch = True
         if disp.inflight:
@@ -738,6 +743,7 @@ class Supervisor:
                 return
 
     def close(self) -> None:
+        self.arena.wake_on_free(-1)
         self.sel.close()
         _template.template().release(self.conn)
         for fd in (self._wake_r, self._wake_w):

@@ -8,7 +8,7 @@ what wakes, not about how long anything takes.
 import _faulty
 import _tasks
 import pytest
-from _waiting import wait_for
+from _waiting import spy_select, wait_for
 
 import fastpool
 from fastpool import WorkerHung
@@ -16,23 +16,10 @@ from fastpool import WorkerHung
 pytestmark = pytest.mark.faults
 
 
-def _spy_select(sup):
-    """Records the timeout of every select the supervisor thread makes."""
-    timeouts: list = []
-    real = sup.sel.select
-
-    def select(timeout=None):
-        timeouts.append(timeout)
-        return real(timeout)
-
-    sup.sel.select = select
-    return timeouts
-
-
 def test_an_idle_pools_supervisor_blocks_until_a_task_comes():
     with fastpool.Pool(2, hang_timeout=60.0) as p:
         sup = p._sup
-        timeouts = _spy_select(sup)
+        timeouts = spy_select(sup)
         assert p.submit(_tasks.double, 1).result(timeout=30) == 2
         # nothing in flight: the thread ends its ticks and blocks with no timeout
         wait_for(lambda: None in timeouts, what=lambda: f"a blocking select: {timeouts[-5:]}")
@@ -58,7 +45,7 @@ def test_an_idle_workers_heartbeat_sleeps_and_a_long_task_still_beats():
 
 def test_an_idle_then_hung_worker_is_declared_hung():
     with fastpool.Pool(1, hang_timeout=0.5, backoff_base_s=0.01) as p:
-        timeouts = _spy_select(p._sup)
+        timeouts = spy_select(p._sup)
         assert p.submit(_tasks.double, 1).result(timeout=30) == 2
         wait_for(lambda: p._board.beat_parked(0), what="the idle worker's heartbeat to sleep")
         wait_for(lambda: None in timeouts, what="the supervisor to sleep")
@@ -70,7 +57,7 @@ def test_an_idle_then_hung_worker_is_declared_hung():
 
 def test_memory_limits_still_apply_after_the_pool_slept():
     with fastpool.Pool(1, memory_limit="300MiB", memory_interval_s=0.02) as p:
-        timeouts = _spy_select(p._sup)
+        timeouts = spy_select(p._sup)
         assert p.submit(_tasks.double, 1).result(timeout=30) == 2
         wait_for(lambda: None in timeouts, what="the supervisor to sleep")
         with pytest.raises(fastpool.WorkerMemoryError) as info:

@@ -11,7 +11,7 @@ import os
 import _tasks
 import numpy as np
 import pytest
-from _waiting import wait_for
+from _waiting import spy_select, wait_for
 
 import fastpool
 from fastpool._supervision import _memory_tick, _supervisor
@@ -102,3 +102,45 @@ def test_a_task_that_churns_large_temporaries_gives_them_back_before_the_next_ta
         finally:
             open(gate, "w").close()
         assert held.result(timeout=60) == ""
+
+
+def _parent_array(pool: fastpool.Pool, how: str) -> np.ndarray:
+    """128 MiB of the parent's arena region, its pages faulted in."""
+    if how == "share":
+        return pool.share(np.ones(16 * MIB))
+    if how == "empty":
+        arr = pool.empty(16 * MIB)
+        arr[...] = 1.0
+        return arr
+    with pool.arrays():
+        return np.ones(16 * MIB)
+
+
+@pytest.mark.parametrize("how", ["share", "empty", "arrays"])
+def test_an_array_freed_while_the_pool_sleeps_is_given_back_and_the_pool_sleeps_again(
+    how: str,
+) -> None:
+    """Issue 32, defect 5: the parent trimmed at the first tick after activity and then
+    its supervisor slept, so an array freed later stayed resident while the pool idled
+    (128 MiB still held 3 s later).  Freeing it wakes the supervisor, which trims, then
+    sleeps again: an idle pool still costs nothing."""
+    with fastpool.Pool(1) as pool:
+        timeouts = spy_select(pool._sup)
+        arr = _parent_array(pool, how)
+        assert pool.submit(np.sum, arr).result(timeout=60) == 16 * MIB
+        wait_for(lambda: timeouts[-1:] == [None], what=lambda: f"a sleep: {timeouts[-5:]}")
+        held = pool.stats()["arena"]
+        assert held["held_bytes"] >= 128 * MIB, held
+        asleep, wakeups = len(timeouts), pool._sup.wakeups
+        del arr
+
+        def given_back() -> bool:
+            m = pool.stats()["arena"]
+            return m["held_bytes"] <= m["reserve_bytes"] + m["live_bytes"]
+
+        wait_for(given_back, 30, lambda: f"the freed array's trim: {pool.stats()['arena']}")
+        assert pool._sup.wakeups > wakeups  # the free woke it: nothing else would have
+        wait_for(
+            lambda: len(timeouts) > asleep and timeouts[-1] is None,
+            what=lambda: f"the supervisor to sleep again: {timeouts[asleep:][-5:]}",
+        )
