@@ -113,3 +113,25 @@ def set_offset(value: int) -> None:
     """An initializer whose initargs the tests build afresh for each call."""
     global OFFSET
     OFFSET = value
+
+
+def offset(_x: Any = None) -> Any:
+    """What the initializer ``set_offset`` stored in this worker."""
+    return OFFSET
+
+
+class LooksLikeAnArray:
+    """Unhashable, with ``__array_interface__`` and ``tobytes`` but no ``dtype``: what a PIL
+    image offers, without needing PIL."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        return {"shape": (len(self.data),), "typestr": "|u1", "data": self.data, "version": 3}
+
+    def tobytes(self) -> bytes:
+        return self.data

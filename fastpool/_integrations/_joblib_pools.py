@@ -5,7 +5,9 @@
     Parallel ends -> FastpoolBackend.terminate  -> release(lease)
                        the last lease gone: the pool is idle from now on
     reaper thread    shuts down a pool idle for ``idle_worker_timeout`` seconds
-                     (default 300, loky's figure; None: never)
+                     (default 300, loky's figure; None: never), and sooner, after
+                     EXCESS_IDLE_S, the idle pools beyond the budget: no more idle
+                     workers in all than the largest pool made
     interpreter exit shuts down every pool, cancelling the batches not yet started
                      (an abandoned return_as="generator" call's): its hook runs
                      before fastpool's own, which would run them
@@ -13,7 +15,11 @@
 Like loky's reusable executor, workers outlive one Parallel call: starting them,
 and importing scikit-learn in them, is the expensive part of a short call.
 Unlike it, a pool never restarts because another call asked for other options:
-each configuration has its own pool.
+each configuration has its own pool.  A sweep over n_jobs (1, 2, 3, 8, 16, 32, as
+scikit-learn's test_parallel_train fits) would then hold one idle pool per value for
+idle_worker_timeout -- 61 workers, 5.2 GiB -- where loky's one executor holds the
+largest; the budget keeps the most recently used idle pools that fit in the largest
+pool's size and closes the rest within about a second.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import hashlib
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
 from concurrent.futures import CancelledError, Future
@@ -33,6 +40,9 @@ from fastpool.pool import Pool
 log = logging.getLogger("fastpool")
 
 DEFAULT_IDLE_TIMEOUT_S: float | None = 300.0
+# An idle pool beyond the budget lives this long: calls that alternate between two
+# n_jobs back to back still find both pools, and a sweep's memory comes back at once.
+EXCESS_IDLE_S = 1.0
 # idle_worker_timeout not given: a new pool gets the default, an old one keeps its own
 UNSET: Any = object()
 
@@ -75,28 +85,43 @@ def check_idle_timeout(value: Any) -> None:
 
 
 def _frozen(value: Any) -> Any:
-    """A hashable stand-in for an option value, equal for equal values, so equal but
-    freshly built options (``initargs=([1, 2],)``, a dict, an array) share one pool:
-    containers by their items, an array by its dtype, shape and a digest of its
-    bytes.  A value that is neither hashable nor one of those is kept by identity
-    (the entry holds it, so its id stays its own)."""
+    """A hashable stand-in for an option value, equal only where the values are the same
+    to the code that receives them, so that equal but freshly built options
+    (``initargs=([1, 2],)``, a dict, an array) share one pool and unequal ones never do.
+
+    Every part carries its exact type (``1``, ``1.0`` and ``True`` are equal in Python,
+    not to an initializer); a float by its bits (``0.0 == -0.0``); a list, tuple or dict
+    by its items in order, a set by its items; a plain ``numpy.ndarray`` with no object
+    fields, or a numpy scalar, by its dtype, shape and a digest of its bytes in C order.
+    The dtype is the dtype object itself, whose equality compares a structured dtype's
+    names, offsets and formats (its ``.str`` is ``'|V<n>'`` for every one of them).
+    Anything else that is not hashable is kept by identity (the entry holds it, so its id
+    stays its own): an ndarray subclass (a masked array's mask is not in its bytes), an
+    object that only looks like an array (``__array_interface__`` without a dtype: a PIL
+    image)."""
+    kind = type(value)
+    if kind in (list, tuple):
+        return (kind, tuple(_frozen(v) for v in value))
+    if kind is dict:
+        return (kind, tuple((_frozen(k), _frozen(v)) for k, v in value.items()))
+    if kind in (set, frozenset):
+        return (kind, frozenset(_frozen(v) for v in value))
+    if isinstance(value, float):
+        return (kind, value.hex())
+    if isinstance(value, complex):
+        return (kind, value.real.hex(), value.imag.hex())
+    np = sys.modules.get("numpy")  # numpy's types exist only once numpy is imported
+    if np is not None and isinstance(value, (np.ndarray, np.generic)):
+        exact = kind is np.ndarray or isinstance(value, np.generic)
+        if exact and not value.dtype.hasobject:
+            digest = hashlib.blake2b(value.tobytes(), digest_size=16).digest()
+            return (kind, value.dtype, value.shape, digest)
+        return ("<by id>", id(value))
     try:
         hash(value)
     except TypeError:
-        pass
-    else:
-        return value
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_frozen(v) for v in value))
-    if isinstance(value, dict):
-        return ("dict", frozenset((_frozen(k), _frozen(v)) for k, v in value.items()))
-    if isinstance(value, (set, frozenset)):
-        return ("set", frozenset(_frozen(v) for v in value))
-    if hasattr(value, "__array_interface__") and hasattr(value, "tobytes"):
-        if not value.dtype.hasobject:
-            digest = hashlib.blake2b(value.tobytes(), digest_size=16).digest()
-            return ("ndarray", type(value), value.dtype.str, value.shape, digest)
-    return ("<by id>", id(value))
+        return ("<by id>", id(value))
+    return (kind, value)
 
 
 class Driver:
@@ -159,6 +184,7 @@ class _Entry:
 
     def __init__(self, key: tuple, pool: Pool, options: dict[str, Any]) -> None:
         self.key, self.pool, self.options = key, pool, options
+        self.workers: int = key[0]
         self.driver = Driver()
         self.leases = 0
         self.idle_since = time.monotonic()
@@ -169,6 +195,8 @@ _cond = threading.Condition()
 _entries: dict[tuple, _Entry] = {}
 _reaper: list[threading.Thread] = []
 _exit_hook: list[Any] = []  # shutdown_all, once registered with atexit
+# The idle workers' budget: the most workers one pool has had since the last shutdown_all.
+_most_workers = [0]
 
 
 def _is_default(name: str, value: Any) -> bool:
@@ -193,6 +221,7 @@ def _open(workers: int, options: dict[str, Any], idle_timeout_s: float | None) -
             # Made under the lock: two threads asking for one configuration get one pool.
             entry = _Entry(key, Pool(workers, **options), dict(options))
             _entries[key] = entry
+            _most_workers[0] = max(_most_workers[0], workers)
             if not _exit_hook:
                 # Registered after the first Pool registered fastpool's own exit hook
                 # (fastpool.pool loads that lazily, with its first pool): atexit runs
@@ -238,11 +267,23 @@ def pool_for(workers: int, options: dict[str, Any], idle_timeout_s: float | None
 
 
 def _expired(now: float) -> tuple[list[_Entry], float | None]:
-    out, wake = [], None
-    for entry in list(_entries.values()):
-        if entry.leases or entry.idle_timeout_s is None:
+    """The idle pools due to shut down now (taken out of ``_entries``), and when the next
+    one is due.  The most recently used idle pools that fit in the budget, and those kept
+    until exit (``idle_worker_timeout=None``), live for their idle timeout; the others
+    for EXCESS_IDLE_S at most."""
+    idle = [e for e in _entries.values() if not e.leases]
+    idle.sort(key=lambda e: (e.idle_timeout_s is not None, -e.idle_since))
+    out, wake, kept = [], None, 0
+    for entry in idle:
+        timeout = entry.idle_timeout_s
+        if timeout is None:
+            kept += entry.workers
             continue
-        due = entry.idle_since + entry.idle_timeout_s
+        if kept + entry.workers <= _most_workers[0]:
+            kept += entry.workers
+        else:
+            timeout = min(timeout, EXCESS_IDLE_S)
+        due = entry.idle_since + timeout
         if due <= now:
             del _entries[entry.key]
             out.append(entry)
@@ -259,9 +300,8 @@ def _reap() -> None:
                 _cond.wait(None if wake is None else max(0.0, wake - time.monotonic()))
                 continue
         for entry in retired:
-            log.debug(
-                "fastpool: joblib pool %s retired after %s s idle", entry.key, entry.idle_timeout_s
-            )
+            idle_s = time.monotonic() - entry.idle_since
+            log.debug("fastpool: joblib pool %s retired after %.1f s idle", entry.key, idle_s)
             entry.pool.shutdown(wait=True, cancel_futures=True)
             entry.driver.close()
 
@@ -271,6 +311,7 @@ def shutdown_all(wait: bool = True) -> None:
     with _cond:
         entries = list(_entries.values())
         _entries.clear()
+        _most_workers[0] = 0
     for entry in entries:
         entry.pool.shutdown(wait=wait, cancel_futures=True)
         entry.driver.close()
@@ -290,6 +331,7 @@ def _forget_after_fork() -> None:
     _cond = threading.Condition()
     _entries.clear()
     _reaper.clear()
+    _most_workers[0] = 0
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
