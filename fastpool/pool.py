@@ -48,7 +48,7 @@ from fastpool._native import _ndarray
 from fastpool._runtime import _arrays, _template
 from fastpool._runtime._call import TaskFunction, task  # noqa: F401 (fastpool.pool.task)
 from fastpool._runtime._lazy import LazyModule
-from fastpool._supervision import _options, _policy, _sizing
+from fastpool._supervision import _broadcast, _options, _policy, _sizing
 
 if TYPE_CHECKING:
     import numpy as np
@@ -560,6 +560,51 @@ class Pool(Executor):
                 rt.shutdown(wait=False, cancel_futures=False)
             except Exception:  # noqa: BLE001 - a finalizer must not raise
                 pass
+
+    @overload
+    def run_on_workers(
+        self,
+        fn: Callable[..., R],
+        /,
+        *args: Any,
+        timeout: float | None = ...,
+        on_error: Literal["raise", "ignore"] = ...,
+        **kwargs: Any,
+    ) -> dict[int, R]: ...
+    @overload
+    def run_on_workers(
+        self,
+        fn: Callable[..., R],
+        /,
+        *args: Any,
+        timeout: float | None = ...,
+        on_error: Literal["return"],
+        **kwargs: Any,
+    ) -> dict[int, R | BaseException]: ...
+
+    def run_on_workers(
+        self,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        timeout: float | None = None,
+        on_error: Literal["raise", "return", "ignore"] = "raise",
+        **kwargs: Any,
+    ) -> dict[int, Any]:
+        """Runs ``fn(*args, **kwargs)`` once in every live worker; ``{slot: result}``.
+
+        Keyed by worker slot (0 to ``workers - 1``, ``WorkerCrashed.worker_id``); the
+        state an ``initializer`` built is the worker's module globals (docs/state.md).
+        A slot whose worker is starting gets the call once it is ready; one with no
+        worker (backing off, breaker open) is left out.  A busy worker runs it after
+        the tasks it holds, before work queued later.  A worker that dies before the
+        call returns fails it with ``WorkerCrashed`` (the state died with it; the call
+        never runs on the replacement).  ``on_error="raise"`` raises the first slot's
+        exception once every call settled, ``"return"`` puts it in the dict,
+        ``"ignore"`` leaves the slot out.  ``timeout``: TimeoutError, calls not started
+        are dropped, running ones flagged (``fastpool.cancelled()``).  PoolClosed after
+        shutdown, SerializationError as ``submit``.  Thread-safe."""
+        return _broadcast.run_on_workers(self._sup, self._disp, fn, args, kwargs, timeout, on_error)
 
     def pids(self) -> list[int]:
         """The pids of the live workers right now (for tests and monitoring).

@@ -3,7 +3,8 @@
 
     supervision (_supervisor) -> its eight methods: slot_spawned / slot_stopping /
         set_accepting / slot_view / task_on / settle_death / set_paused / set_circuit
-    the caller -> cancel (Pool.cancel), drop_cancelled (a queued future's cancel())
+    the caller -> cancel (Pool.cancel), drop_cancelled (a queued future's cancel());
+        submit_to (in _dispatch: a call addressed to one slot, Pool.run_on_workers)
     shutdown -> close, cancel_queued, abandon, set_torn_down
     a forked child -> disown
     stats -> depth, inflight, queued, tasks, counts, samples
@@ -118,8 +119,8 @@ cdef class Dispatcher(DispatchCore):
             for t in settle:
                 self._settle(<Task>t, END_REPLY, None, None, later)
         self._acquire()
-        try:
-            tasks = self._slots.take(s)
+        try:  # then the calls addressed to it that it never got (t_dispatch 0 or not pushed)
+            tasks = self._slots.take(s) + self._take_pinned(s)
         finally:
             self._release()
         rulings = judge(tasks)
@@ -136,6 +137,10 @@ cdef class Dispatcher(DispatchCore):
                     continue
                 if (<Task>t).cancel_requested:  # pool.cancel() came between death and requeue
                     dropped.append(t)
+                    continue
+                if (<Task>t).pin:  # addressed to this slot: its next worker takes it
+                    self._pinned[(<Task>t).pin - 1].appendleft(t)
+                    self._npinned += 1
                     continue
                 self._queue.appendleft(t)
             self._dispatch_locked()
@@ -186,9 +191,7 @@ cdef class Dispatcher(DispatchCore):
             return
         self._acquire()
         try:
-            try:
-                self._queue.remove(task)
-            except ValueError:
+            if not self._unqueue(task):
                 return  # dispatch took it meanwhile; it tells the waiters
             self._settle(task, END_CANCELLED, None, None)  # its caller ran the callbacks
         finally:
@@ -210,10 +213,9 @@ cdef class Dispatcher(DispatchCore):
             task.cancel_requested = True
             s = task.slot
             if s < 0:
-                # Back in the queue after a crash (its future says RUNNING): drop it here.
-                try:
-                    self._queue.remove(task)
-                except ValueError:
+                # Back in the queue after a crash (its future says RUNNING), or a call
+                # addressed to a slot that it waits for: drop it here.
+                if not self._unqueue(task):
                     return "dropping", -1  # between a worker's death and its requeue
             else:
                 held = self._slots.cancel_held(s, task, force)
@@ -226,11 +228,15 @@ cdef class Dispatcher(DispatchCore):
         self._settle(task, END_CANCELLED, None, None)
         return "cancelled", s
 
-    cdef list _take_queue(self):
+    cdef list _take_queue(self, bint pinned=False):
+        cdef int s
         self._acquire()
         try:
             tasks = list(self._queue)
             self._queue.clear()
+            if pinned:
+                for s in range(self.nslots):
+                    tasks += self._take_pinned(s)
             return tasks
         finally:
             self._release()
@@ -246,7 +252,7 @@ cdef class Dispatcher(DispatchCore):
     def cancel_queued(self):
         """Cancels every task no worker holds (shutdown(cancel_futures=True))."""
         cdef list later = []
-        tasks = self._take_queue()
+        tasks = self._take_queue(True)
         for t in tasks:
             self._settle(<Task>t, END_CANCELLED, None, None, later)
         run_callbacks(later)
@@ -258,6 +264,9 @@ cdef class Dispatcher(DispatchCore):
         try:
             tasks = list(self._inflight.values())
             self._queue.clear()
+            for q in self._pinned:
+                q.clear()
+            self._npinned = 0
             self._slots.clear()
         finally:
             self._release()

@@ -19,6 +19,8 @@ cdef class DispatchCore:
     cdef PyThread_type_lock _drive     # one consumer of the result rings at a time
     cdef unsigned long _driver         # thread ident of the holder of _drive, 0 if none
     cdef object _queue                 # deque[Task]: FIFO
+    cdef list _pinned                  # per slot: deque[Task] addressed to it, not pushed yet
+    cdef Py_ssize_t _npinned           # the tasks in _pinned
     cdef dict _inflight                # task id -> Task: accepted and not settled
     cdef readonly Py_ssize_t max_queue
     cdef bint _reject
@@ -46,6 +48,9 @@ cdef class DispatchCore:
     cdef object _enqueue(self, Task task, bint wait)
     cdef int _collect_if_free(self) except -2
     cdef int _dispatch_locked(self) except -1
+    cdef int _push_pinned(self) except -1
+    cdef list _take_pinned(self, int s)
+    cdef bint _unqueue(self, Task task) except -1
     cdef int collect(self) except -1
     cdef int _read_slot(self, int s, list settle, Py_ssize_t budget) except -1
     cdef int _settle(self, Task task, int outcome, object value, object exc,

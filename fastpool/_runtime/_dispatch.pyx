@@ -115,6 +115,7 @@ cdef class DispatchCore:
         self._fns = Registry(nslots)
         self._ledger = Ledger()
         self._queue = deque()
+        self._pinned = [deque() for _ in range(nslots)]
         self._inflight = {}
         self.max_queue = max_queue
         self._reject = reject
@@ -191,6 +192,22 @@ cdef class DispatchCore:
         encode_chunk(task, items, star, self._arena)
         return self._submit_task(task, f, None, len(items), wait)
 
+    def submit_to(self, int s, fn, tuple args, dict kwargs):
+        """Queues fn(*args, **kwargs) for slot s's worker only (Pool.run_on_workers):
+        it is pushed to that worker's ring as soon as the worker is ready, whatever it
+        holds, ahead of the shared queue, and never waits for queue room.  Raises as
+        ``submit``.  Never runs on another worker: supervision decides what a death
+        does to it (see _supervisor._judge)."""
+        if self._closed:
+            raise errors.PoolClosed()
+        if not 0 <= s < self.nslots:
+            raise ValueError(f"no worker slot {s}")
+        cdef Fn f = self._fn(fn)
+        cdef Task task = Task.__new__(Task)
+        encode_call(task, args, kwargs, self._arena)
+        task.pin = s + 1
+        return self._submit_task(task, f, None, 0, False)
+
     cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items, bint wait):
         cdef Py_ssize_t size = PyBytes_GET_SIZE(f.data) + PyBytes_GET_SIZE(task.args)
         if <uint64_t>size > self.board.max_record:
@@ -207,7 +224,8 @@ cdef class DispatchCore:
         self._last_fg = task.t_submit
         # Settled first: a worker whose last result waits uncollected counts as busy,
         # and the task would go to an idle one that may share this thread's CPU.
-        self._collect_if_free()
+        if not task.pin:
+            self._collect_if_free()
         self._enqueue(task, wait)
         return fut
 
@@ -226,7 +244,7 @@ cdef class DispatchCore:
                     exc = self._hooks.circuit_error()
                     if exc is not None:
                         raise exc
-                if len(self._queue) < self.max_queue or self._driver == me:
+                if len(self._queue) < self.max_queue or self._driver == me or task.pin:
                     break  # a callback on the driving thread never blocks: it would wait on itself
                 if self._reject or not wait:
                     raise errors.QueueFull(self.max_queue)
@@ -250,7 +268,11 @@ cdef class DispatchCore:
                 self.idle_watch = False
                 wake = True
             self._ledger.add(C_CHUNKS if task.items else C_SUBMITTED, 1)
-            self._queue.append(task)
+            if task.pin:
+                self._pinned[task.pin - 1].append(task)
+                self._npinned += 1
+            else:
+                self._queue.append(task)
             self._dispatch_locked()
         finally:
             self._release()
@@ -284,6 +306,8 @@ cdef class DispatchCore:
         queue = self._queue
         if self._paused:
             return 0  # memory pressure: feeding workers now would feed the OOM killer
+        if self._npinned:
+            self._push_pinned()
         try:
             while queue:
                 s = slots.pick(self._ledger.prefetch())
@@ -317,6 +341,61 @@ cdef class DispatchCore:
                 self._flock.release()
         return 0
 
+    cdef int _push_pinned(self) except -1:
+        # Calls addressed to one slot go to its ring once its worker is ready, ahead of
+        # the shared queue: behind what the worker holds, never behind queued work.
+        cdef int s, rc
+        cdef Task task
+        cdef Slots slots = self._slots
+        for s in range(self.nslots):
+            q = self._pinned[s]
+            while q and slots.takes_pinned(s):
+                task = q[0]
+                if task.t_dispatch == 0:
+                    with self._flock:
+                        fut = task.future
+                        if fut._state is not _PENDING:  # cancelled while it waited
+                            q.popleft()
+                            self._npinned -= 1
+                            self._settle(task, END_CANCELLED, None, None)
+                            continue
+                        fut._state = _RUNNING
+                    task.t_dispatch = fp_now_ns()
+                rc = slots.push(s, task)
+                if rc == FP_AGAIN:  # ring full: the next dispatch retries
+                    break
+                q.popleft()
+                self._npinned -= 1
+                if rc == FP_OK:
+                    slots._take_idle(s)
+                    continue
+                q.appendleft(task)
+                self._npinned += 1
+                slots.mark_corrupt(s, "its task ring's head was overwritten", self._pending)
+                break
+        return 0
+
+    cdef list _take_pinned(self, int s):
+        # the calls addressed to slot s and not pushed yet (dispatch lock held)
+        q = self._pinned[s]
+        tasks = list(q)
+        q.clear()
+        self._npinned -= len(tasks)
+        return tasks
+
+    cdef bint _unqueue(self, Task task) except -1:
+        # task out of the queue (or its slot's list of addressed calls) before a worker
+        # got it: True, else False (dispatch lock held)
+        try:
+            if task.pin:
+                self._pinned[task.pin - 1].remove(task)
+                self._npinned -= 1
+            else:
+                self._queue.remove(task)
+        except ValueError:
+            return False
+        return True
+
     # ---- completion ------------------------------------------------------------------
 
     cdef int collect(self) except -1:
@@ -335,7 +414,7 @@ cdef class DispatchCore:
                 if self._slots.readable(s) and self.board.results_pending(s):
                     n += self._read_slot(s, settle, READ_BUDGET)
             self._next_poll = (start + 1) % self.nslots
-            if n and self._queue:
+            if n and (self._queue or self._npinned):
                 self._dispatch_locked()  # capacity returns BEFORE any future settles
         finally:
             self._release()

@@ -34,6 +34,7 @@ cdef class Slots:
     cdef int pick(self, int depth) except -2
     cdef void _take_idle(self, int s) noexcept
     cdef bint accepts(self, int s) except -1
+    cdef bint takes_pinned(self, int s) noexcept
     cdef void to_idle(self, int s) noexcept
     cdef int push(self, int s, Task task) except? -1
     cdef Py_ssize_t held(self, int s) except -1

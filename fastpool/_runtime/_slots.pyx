@@ -82,6 +82,11 @@ cdef class Slots:
         return (self._max_tasks == 0
                 or self._served[s] + <uint64_t>len(self._held[s]) < self._max_tasks)
 
+    cdef bint takes_pinned(self, int s) noexcept:
+        # A call addressed to s (Pool.run_on_workers): whatever the worker holds, and
+        # past max_tasks_per_worker, which retires the worker after it
+        return self._ready[s] and self._accepting[s] and not self._corrupt[s]
+
     cdef void to_idle(self, int s) noexcept:
         if not self._in_idle[s] and self._ready[s] and self._accepting[s] and not self._corrupt[s]:
             self._in_idle[s] = 1

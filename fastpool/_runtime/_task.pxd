@@ -24,6 +24,7 @@ cdef class Task:
     cdef public bint transferred       # the call carried fastpool.transfer()ed buffers
     cdef public Py_ssize_t items       # map items in a chunk (0 for a call)
     cdef public int slot               # -1 while queued
+    cdef public int pin                # slot + 1 of a call addressed to one worker slot; 0: any
     cdef public int64_t t_submit
     cdef public int64_t t_dispatch
     cdef public int64_t run_ns

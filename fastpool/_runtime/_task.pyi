@@ -43,6 +43,7 @@ class Task:
     transferred: bool
     items: int
     slot: int
+    pin: int
     t_submit: int
     t_dispatch: int
     run_ns: int

@@ -31,6 +31,34 @@ def requeue_all(tasks: list[Any]) -> list[FateOf]:
     return [(t, Fate.REQUEUE, None) for t in tasks]
 
 
+def requeue_held(
+    tasks: list[Any], slot: int, pid: int, exitcode: int | None, follow: bool
+) -> list[FateOf]:
+    """Tasks a dead worker held that never started: back to the front of the queue.
+
+    A call addressed to this worker (``Pool.run_on_workers``) never runs on another: it
+    fails with WorkerCrashed, since the state it was sent to read died with the worker;
+    ``follow`` (a worker retired by ``max_tasks_per_worker``) sends it to the slot's
+    replacement instead."""
+    return [
+        (t, Fate.REQUEUE, None)
+        if follow or not t.pin
+        else (
+            t,
+            Fate.FAIL,
+            errors.WorkerCrashed(
+                slot,
+                pid,
+                exitcode,
+                t.id,
+                "the call was addressed to this worker (Pool.run_on_workers), had not "
+                "started, and does not run on its replacement",
+            ),
+        )
+        for t in tasks
+    ]
+
+
 def corrupt_fates(tasks: list[Any], slot: int, pid: int, detail: str | None) -> list[FateOf]:
     """A worker killed for damaging shared memory: its ring and slot words are not to be
     trusted, so which of its tasks ran cannot be known; none runs again, each fails."""

@@ -273,14 +273,18 @@ class Supervisor:
             fates: list[tuple[Any, Fate, BaseException | None]] = []
             if kill is not None and kill.cause is _verdict.Cause.CORRUPT:
                 fates, tasks = _deaths.corrupt_fates(tasks, slot.id, pid, kill.detail), []
-            victim = _deaths.victim_of(tasks, current, kill, exitcode, self.stopping)
+            # a call addressed to this worker that never reached its ring is no victim
+            sent = [t for t in tasks if t.t_dispatch]
+            victim = _deaths.victim_of(sent, current, kill, exitcode, self.stopping)
             held = [t for t in tasks if t is not victim]
+            planned = self.stopping or self.forced or (kill is not None and kill.cause.planned)
             if self.forced:
                 how = kill.detail if kill is not None else "the pool's workers were stopped"
                 fates += _deaths.dropped_fates(held, slot.id, pid, how)
-            else:  # never started: back to the front
-                fates += [(t, Fate.REQUEUE, None) for t in held]
-            planned = self.stopping or self.forced or (kill is not None and kill.cause.planned)
+            else:  # never started: back to the front (addressed calls: see requeue_held)
+                retired = kill is not None and kill.cause is _verdict.Cause.RETIRED
+                follow = retired and victim is None and not self.stopping
+                fates += _deaths.requeue_held(held, slot.id, pid, exitcode, follow)
             if planned and victim is None:
                 slot.state, slot.pid, slot.retiring = "dead", None, False
                 if kill is not None and kill.cause is _verdict.Cause.RETIRED and not self.stopping:
@@ -546,8 +550,12 @@ class Supervisor:
             age_s=time.monotonic() - slot.spawned_at,
         )
         self.tel.crash(_verdict.record(death, cause, detail, None, None))
-        # nothing is dispatched to a starting slot; whatever was goes back to the queue
-        self.disp.settle_death(slot.id, _deaths.requeue_all)
+        # nothing is dispatched to a starting slot; whatever was goes back to the queue,
+        # and a call addressed to the worker that never started fails
+        pid = slot.pid or 0
+        self.disp.settle_death(
+            slot.id, lambda tasks: _deaths.requeue_held(tasks, slot.id, pid, None, False)
+        )
         restart = self._schedule_restart(slot, cause, detail)
         level, text = _verdict.sentence(death, cause, detail, None, None, restart)
         log.log(level, text)
@@ -756,6 +764,13 @@ class Supervisor:
 
     def pids(self) -> list[int]:
         return [s.pid for s in self.slots if s.pid is not None and s.live]
+
+    def submit_to_live(self, fn: Any, args: tuple, kwargs: dict) -> dict[int, Any]:
+        """fn(*args, **kwargs) addressed to each live slot's worker (starting or ready),
+        under the lock that judges deaths: each call reaches the worker the slot has
+        now, or fails with its death (_deaths.requeue_held).  {slot: future}."""
+        with self.lock:
+            return {s.id: self.disp.submit_to(s.id, fn, args, kwargs) for s in self.slots if s.live}
 
     def worker_stats(self, board_open: bool) -> list[dict[str, Any]]:
         now = time.monotonic()

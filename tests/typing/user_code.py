@@ -104,6 +104,12 @@ def main() -> None:
             assert_type(f, Future[int])
             f.result()
 
+        per_worker = pool.run_on_workers(square, 3, timeout=30.0)
+        assert_type(per_worker, dict[int, int])
+        assert set(per_worker.values()) == {9}
+        either = pool.run_on_workers(weighted, 2, w=0.5, on_error="return")
+        assert_type(either, dict[int, float | BaseException])
+
         print(asyncio.run(serve(pool, data)))
         pool.cancel(fut)
         stats: dict[str, Any] = pool.stats()
