@@ -161,16 +161,6 @@ def open_counter(
     return Counter(sink, total)
 
 
-def tracking(counter: Counter, sink: Callable[[Future], None]) -> Callable[[Future], None]:  # type: ignore[type-arg]
-    """A map feeder's sink that also counts each chunk when it settles."""
-
-    def track(fut: Future) -> None:  # type: ignore[type-arg]
-        sink(fut)
-        fut.add_done_callback(counter.chunk_done)
-
-    return track
-
-
 def closing(counter: Counter, chunks: Iterator[list]) -> Iterator[list]:  # type: ignore[type-arg]
     """map's chunk stream, closing the bar however the stream ends (exhausted,
     an error, ``close()``, or dropped)."""

@@ -292,3 +292,17 @@ def test_the_readme_starts_with_the_two_fresh_machine_commands() -> None:
     ]
     assert "\npython -m pytest tests -q 2>&1" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 250  # a front page: the rest lives in docs/
+
+
+def test_the_api_table_names_every_pool_argument() -> None:
+    """docs/api.md's argument table left out ``arena_bytes`` (issue 32)."""
+    import inspect
+
+    import fastpool
+
+    table = (ROOT / "docs" / "api.md").read_text().split("## Methods")[0]
+    named = set(re.findall(r"`(\w+)`", "".join(re.findall(r"^\| ([^|]+)\|", table, re.M))))
+    params = set(inspect.signature(fastpool.Pool.__init__).parameters) - {"self"}
+    in_prose = {"max_workers"}  # the workers row names it, as ProcessPoolExecutor's name
+    assert params - named - in_prose == set()
+    assert "max_workers" in table
