@@ -399,15 +399,14 @@ class Pool(Executor):
             buffersize=buffersize,
             bar=progress is not None,
         )
-        if progress is None:
-            return _mapper.MapIterator.over(run.start(ordered))
-        counter = _progress.open_counter(
-            progress, _progress.total_of(iterables), getattr(run.fn, "__name__", None)
-        )
-        if counter is None:
-            return _mapper.MapIterator.over(run.start(ordered))
-        run.on_submit = lambda fut: fut.add_done_callback(counter.chunk_done)
-        return _mapper.MapIterator.over(_progress.closing(counter, run.start(ordered)))
+        if progress is not None:
+            counter = _progress.open_counter(
+                progress, _progress.total_of(iterables), getattr(run.fn, "__name__", None)
+            )
+            if counter is not None:
+                run.on_submit = lambda fut: fut.add_done_callback(counter.chunk_done)
+                run.on_end = counter.close  # the bar closes however the stream ends
+        return _mapper.MapIterator.over(run.start(ordered))
 
     @overload
     def amap(

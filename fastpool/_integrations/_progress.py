@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Generic, Iterable, Iterator, Literal, TypeVar, Union
+from typing import Any, Callable, Generic, Iterable, Literal, TypeVar, Union
 
 from fastpool._runtime._call import ChunkFailure
 
@@ -159,19 +159,6 @@ def open_counter(
             f"not {progress!r}"
         )
     return Counter(sink, total)
-
-
-def closing(counter: Counter, chunks: Iterator[list]) -> Iterator[list]:  # type: ignore[type-arg]
-    """map's chunk stream, closing the bar however the stream ends (exhausted,
-    an error, ``close()``, or dropped)."""
-    received = 0
-    try:
-        for chunk in chunks:
-            received += len(chunk)
-            yield chunk
-    finally:
-        getattr(chunks, "close", lambda: None)()  # cancels the chunks not yet run first
-        counter.close(received)
 
 
 class _Tally:

@@ -228,6 +228,8 @@ class MapRun:
         self.pending_bytes = 0
         self._chunk_bytes = 0  # of the chunk next_chunk returned, until sent() names its future
         self.on_submit: Callable[[Future], None] | None = None
+        # told how many items went out once the stream ends, however (a bar's close)
+        self.on_end: Callable[[int], None] | None = None
         self.input_error: Exception | None = None  # what reading the input raised
 
     def next_chunk(self) -> Any:
@@ -327,17 +329,28 @@ class MapRun:
 
 def _stream(run: MapRun, next_settled: Callable[[], Future]) -> Iterator[list]:
     """Settled chunks' results, refilling the window after each; a failed chunk's
-    results, then its error.  However it ends, the chunks not taken are cancelled."""
+    results, then its error.  However it ends, the chunks not taken are cancelled, then
+    ``run.on_end`` hears how many items went out.  Ctrl-C in the wait comes out without
+    the dispatcher's frames under it: the caller's line says where the map stopped."""
+    handed = 0
     try:
         while run.pending:
-            results, error = run.take(next_settled())  # no frame keeps the future
+            try:
+                settled = next_settled()
+            except KeyboardInterrupt as stop:
+                raise stop.with_traceback(None)  # Ctrl-C while the map waited for a chunk
+            results, error = run.take(settled)
+            del settled  # no frame keeps the future
             run.feed()
+            handed += len(results)
             yield results
             if error is not None:
                 raise error
         run.raise_input_error()
     finally:
         run.cancel_pending()
+        if run.on_end is not None:
+            run.on_end(handed)
 
 
 def _head(run: MapRun) -> Future:

@@ -20,7 +20,9 @@ import sys
 import textwrap
 
 import pytest
-from _waiting import wait_gone
+from _waiting import wait_for, wait_gone
+
+import fastpool
 
 pytestmark = [pytest.mark.faults, pytest.mark.linux]
 
@@ -119,3 +121,53 @@ def test_one_ctrl_c_ends_a_script_waiting_on_a_pool_without_with(tmp_path):
     """A terminal's Ctrl-C reaches the whole foreground group; fastpool's workers
     are not in it, so only the pool can stop them."""
     _interrupt_once(tmp_path, _NO_WITH, to_group=True)
+
+
+_MAP_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import fastpool, _tasks
+
+    if __name__ == "__main__":
+        gates = [sys.argv[1]] * 4
+        with fastpool.Pool(1) as pool:
+            for r in pool.map(_tasks.first_free, range(4), gates, chunksize=1, progress={progress}):
+                print("took", r, flush=True)
+""")
+
+
+@pytest.mark.parametrize("progress", ["True", "None"])
+def test_ctrl_c_in_a_map_shows_the_callers_line_not_fastpools_frames(tmp_path, progress):
+    """Issue 32: Ctrl-C during ``map(progress=True)`` printed a 17-line traceback, mostly
+    the dispatcher's frames under the map's wait.  The SIGINT lands in that wait: the
+    script took item 0 and its main thread sleeps (items 1-3 wait for a gate never
+    opened)."""
+    import psutil
+
+    if progress == "True":
+        pytest.importorskip("tqdm")
+    script = tmp_path / "ctrl_c_map.py"
+    script.write_text(_MAP_SCRIPT.format(tests=TESTS_DIR, progress=progress))
+    with subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "never-opened")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:  # its exit closes the pipes and waits
+        try:
+            line = proc.stdout.readline()
+            assert line == "took 0\n", (line, proc.poll() is not None and proc.stderr.read())
+            main = psutil.Process(proc.pid)  # its status is the main thread's
+            wait_for(lambda: main.status() == psutil.STATUS_SLEEPING, what="the map's wait")
+            os.kill(proc.pid, signal.SIGINT)
+            _, err = proc.communicate(timeout=EXIT_DEADLINE_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    tb = err[err.index("Traceback") :]
+    assert tb.rstrip().endswith("KeyboardInterrupt"), err
+    frames = [ln for ln in tb.splitlines() if ln.startswith('  File "')]
+    assert str(script) in frames[0], tb  # the caller's line
+    package = os.path.dirname(fastpool.__file__)
+    assert len([f for f in frames if package in f]) <= 1, tb  # the map's own line at most
