@@ -73,6 +73,11 @@ def _restore(cls: type, args: tuple, state: dict) -> BaseException:
     return exc
 
 
+# What WorkerCrashed says of a SIGKILL: a guess, since no one can tell who sent it (the
+# demo, whose task sends its own, names the sender instead).
+_SIGKILL_HINT = "SIGKILL that fastpool did not send is often the kernel's OOM killer"
+
+
 def signal_name(exitcode: int | None) -> str | None:
     """``-9`` -> ``"SIGKILL"``; None for a normal exit or an unknown code."""
     if exitcode is None or exitcode >= 0:
@@ -287,7 +292,7 @@ def _make_broken_family() -> dict[str, type]:
                 f"task {self.task_id}"
             )
             if self.exitcode == -signal.SIGKILL:
-                msg += "; SIGKILL that fastpool did not send is often the kernel's OOM killer"
+                msg += f"; {_SIGKILL_HINT}"
             if self.exitcode == -signal.SIGSEGV:
                 msg += "; a segfault is a bug in native code called by the task"
             if self.detail:

@@ -45,7 +45,8 @@ def process_batch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def die_by_sigkill() -> None:
-    """Kills its own worker with SIGKILL, as the kernel's OOM killer would."""
+    """Kills its own worker with SIGKILL, as the kernel's OOM killer would (the demo
+    says that the task sent it: fastpool's message can only guess at the sender)."""
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -52,6 +52,7 @@ from fastpool.cli._demo_parts import (
     spin,
     wait_healed,
 )
+from fastpool.errors import _SIGKILL_HINT as SIGKILL_HINT
 
 # One BLAS thread per process (cli/__init__ sets them before NumPy loads): the pools are
 # compared, not BLAS configurations, and every process computes the same bits.
@@ -112,6 +113,12 @@ def _pss(run: Callable[[], Any]) -> tuple[float, Any, float]:
     with MemorySampler(PSS_INTERVAL_S) as sampler:
         seconds, result = _timed(run)
     return seconds, result, (sampler.peak_pss - sampler.baseline_pss) / 2**20
+
+
+def said(exc: BaseException | None) -> str:
+    """What the demo prints of a supervision task's error: fastpool's message, whose guess
+    at who sent a SIGKILL (often the OOM killer) gives way to who did: the task itself."""
+    return str(exc).replace(SIGKILL_HINT, "the task sent it to its own worker (os.kill)")
 
 
 def _latencies(call: Callable[[], Any], n: int) -> list[float]:
@@ -217,6 +224,11 @@ def array_job(
         rows.append((name, secs, extra))
         say(f"   {name:<37}{secs:7.3f} s   +{extra:6,.0f} MiB PSS")
         del out
+    say(
+        f"   (+PSS: the call's peak over its start. Each call makes a new {ARRAY_MIB} MiB output, "
+        "shared or not; the peak can read above it while the workers map the input's pages, "
+        "PSS being read one process at a time)"
+    )
     (mp_name, mp_s, mp_mb), _, (_, sh_s, sh_mb) = rows
     check(
         all(np.array_equal(o, reference) for o in outputs.values()),
@@ -307,7 +319,7 @@ def supervision(
         good = [(i, pool.submit(process_batch, batches[i])) for i in range(6)]
         for label, (fut, want, word) in bad.items():
             status, exc = outcome(fut)
-            say(f"   {label:<19} -> {type(exc).__name__ if exc else 'completed'}: {exc}")
+            say(f"   {label:<19} -> {type(exc).__name__ if exc else 'completed'}: {said(exc)}")
             check(type(exc) is want and word in str(exc), f"{label} failed with {want.__name__}")
         got = [
             fut.result(timeout=RESULT_WAIT_S)

@@ -19,6 +19,7 @@ from fastpool._bench import report, scenarios, user
 from fastpool._bench.runner import Result
 from fastpool._runtime import _install
 from fastpool.cli import demo, doctor
+from fastpool.errors import WorkerCrashed
 
 # ---- python -m fastpool, as the interpreter saw it -------------------------------------
 
@@ -452,3 +453,11 @@ def test_the_demo_names_its_regime_from_the_load_at_both_ends() -> None:
     regime, lines = demo.regime_report(quiet, busy)
     assert regime == "busy" and "4 other runnable processes" in lines[1]
     assert any("this load's, not a quiet machine's" in line for line in lines)
+
+
+def test_the_demos_sigkill_line_names_the_task_as_the_sender_not_the_oom_killer() -> None:
+    """Issue 32: the demo's SIGKILL line blamed "often the kernel's OOM killer" for a kill
+    its own task sent."""
+    line = demo.said(WorkerCrashed(0, 123, -9, 7))
+    assert "OOM" not in line and "the task sent it to its own worker" in line, line
+    assert "died of SIGKILL while running task 7" in line
