@@ -5,7 +5,9 @@ The usual cause is shadowing: after a plain ``pip install .`` the compiled core 
 in site-packages, but Python puts the current directory (``python -m``, ``-c``, the
 REPL) or a script's own directory first on ``sys.path``, so a run from the source
 checkout imports the checkout's ``fastpool/``, which has no ``_core*.so``.  Less often
-the install itself is broken, or built for another Python.
+the install itself is broken, or built for another Python.  An installed copy is looked
+for on ``sys.path`` and behind import hooks: setuptools' editable install of this flat
+layout is a finder after the path scan, with no ``sys.path`` entry.
 
 ``__init__.py`` raises ImportError with ``core_missing_message``, except under
 ``python -m fastpool``, where the CLI reports the same text (``doctor`` as one of
@@ -16,10 +18,10 @@ from __future__ import annotations
 
 import importlib.machinery
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["core_missing_message", "launched_as_cli", "is_source_checkout", "installed_copies"]
+__all__ = ["core_missing_message", "installed_copies", "is_source_checkout", "launched_as_cli"]
 
 _ARG_OPTIONS = "WXQ"  # python's one-letter options that take a value (-c and -m end the options)
 
@@ -65,22 +67,51 @@ def _core_files(pkg_dir: Path) -> list[Path]:
     return sorted(p for p in (pkg_dir / "_native").glob("_core*") if p.suffix in (".so", ".pyd"))
 
 
-def installed_copies(pkg_dir: Path, path: Sequence[str] | None = None) -> list[Path]:
-    """Other ``fastpool/`` directories on ``path`` (default ``sys.path``) that hold a
-    compiled core."""
+def _specs(
+    path: Sequence[str] | None, meta_path: Sequence[object] | None
+) -> Iterator[importlib.machinery.ModuleSpec]:
+    """Each regular package named fastpool that the import system could load, in its
+    order: those on ``path`` (default ``sys.path``), then those an import hook serves
+    (``meta_path``, default ``sys.meta_path``: setuptools' editable install of a flat
+    layout puts no entry on sys.path, only a finder after the path scan)."""
+    for entry in sys.path if path is None else path:
+        spec = importlib.machinery.PathFinder.find_spec("fastpool", [entry])
+        if spec is not None and spec.origin:  # not a namespace portion
+            yield spec
+    for finder in sys.meta_path if meta_path is None else meta_path:
+        find = getattr(finder, "find_spec", None)
+        if finder is importlib.machinery.PathFinder or find is None:
+            continue
+        try:
+            spec = find("fastpool", None)
+        except Exception:  # noqa: BLE001 - someone else's hook: its failure is not ours to report
+            continue
+        if spec is not None and spec.origin:
+            yield spec
+
+
+def installed_copies(
+    pkg_dir: Path, path: Sequence[str] | None = None, meta_path: Sequence[object] | None = None
+) -> list[Path]:
+    """Other ``fastpool/`` directories that hold a compiled core: on ``path`` (default
+    ``sys.path``) or served by an import hook (``meta_path``, default ``sys.meta_path``)."""
     here = pkg_dir.resolve()
     found: list[Path] = []
-    for entry in sys.path if path is None else path:
-        candidate = (Path(entry or ".") / "fastpool").resolve()
+    for spec in _specs(path, meta_path):
+        candidate = Path(str(spec.origin)).resolve().parent
         if candidate != here and candidate not in found and _core_files(candidate):
             found.append(candidate)
     return found
 
 
 def core_missing_message(
-    exc: BaseException, pkg_dir: Path | None = None, path: Sequence[str] | None = None
+    exc: BaseException,
+    pkg_dir: Path | None = None,
+    path: Sequence[str] | None = None,
+    meta_path: Sequence[object] | None = None,
 ) -> str:
-    """What happened and what to do, for an ImportError of ``fastpool._native._core``."""
+    """What happened and what to do, for an ImportError of ``fastpool._native._core``;
+    ``path`` and ``meta_path`` are where installed copies are looked for (installed_copies)."""
     pkg_dir = Path(__file__).resolve().parent.parent if pkg_dir is None else pkg_dir
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     built = _core_files(pkg_dir)
@@ -95,7 +126,7 @@ def core_missing_message(
         )
     if is_source_checkout(pkg_dir):
         root = pkg_dir.parent
-        others = installed_copies(pkg_dir, path)
+        others = installed_copies(pkg_dir, path, meta_path)
         first = (
             "Python put the current directory first on sys.path (as it does for `python -m`, "
             "`python -c` and the REPL; for a script, the script's own directory)"
@@ -113,7 +144,8 @@ def core_missing_message(
             )
         return (
             f"fastpool was imported from the source checkout {root}, which has no compiled core "
-            f"(_core{suffix}), and no installed fastpool was found on sys.path. Build it: "
+            f"(_core{suffix}), and no installed fastpool was found (on sys.path, or by an "
+            "import hook such as an editable install's). Build it: "
             f"`pip install -e .` in {root} (a C compiler and Python headers are needed). "
             f"(Python said: {exc})"
         )

@@ -68,20 +68,58 @@ def _checkout(root: Path) -> Path:
 
 def test_a_shadowing_checkout_names_both_copies_and_the_fixes(tmp_path: Path) -> None:
     pkg = _checkout(tmp_path / "src")
-    installed = tmp_path / "site" / "fastpool"
-    installed.mkdir(parents=True)
-    (installed / "_native").mkdir()
-    (installed / "_native" / "_core.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    installed = _installed(tmp_path / "site")
     text = _install.core_missing_message(
-        ImportError("no _core"), pkg, [str(tmp_path / "src"), str(tmp_path / "site")]
+        ImportError("no _core"), pkg, [str(tmp_path / "src"), str(tmp_path / "site")], []
     )
     assert str(tmp_path / "src") in text and str(installed) in text
     assert "shadows" in text and "pip install -e ." in text and "PYTHONSAFEPATH=1" in text
 
 
+def _installed(where: Path) -> Path:
+    """A fastpool/ with a compiled core (an empty file named as one) in ``where``."""
+    pkg = where / "fastpool"
+    (pkg / "_native").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_native" / "_core.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    return pkg
+
+
+class _EditableFinder:
+    """What setuptools' editable install of a flat layout adds: a finder after the path
+    scan, and no entry on sys.path."""
+
+    def __init__(self, pkg: Path) -> None:
+        self.pkg = pkg
+
+    def find_spec(self, name: str, path: object, target: object = None) -> object:
+        import importlib.util
+
+        if name != "fastpool":
+            return None
+        init = self.pkg / "__init__.py"
+        return importlib.util.spec_from_file_location(
+            name, init, submodule_search_locations=[str(self.pkg)]
+        )
+
+
+def test_a_shadowing_checkout_names_an_editable_install_that_a_finder_serves(
+    tmp_path: Path,
+) -> None:
+    """Issue 32: with the installed copy behind an import hook (an editable install), the
+    message said that no installed fastpool was found on sys.path."""
+    pkg = _checkout(tmp_path / "src")
+    installed = _installed(tmp_path / "other-checkout")
+    finder = _EditableFinder(installed)
+    text = _install.core_missing_message(
+        ImportError("no _core"), pkg, [str(tmp_path / "src")], [finder]
+    )
+    assert str(installed) in text and "shadows" in text, text
+
+
 def test_a_checkout_with_nothing_installed_says_to_build_it(tmp_path: Path) -> None:
     pkg = _checkout(tmp_path)
-    text = _install.core_missing_message(ImportError("no _core"), pkg, [str(tmp_path)])
+    text = _install.core_missing_message(ImportError("no _core"), pkg, [str(tmp_path)], [])
     assert "no installed fastpool" in text and "pip install -e ." in text and "shadows" not in text
 
 
