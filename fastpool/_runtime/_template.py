@@ -514,7 +514,14 @@ def serve(fd: int, forked: bool = False, parent_pidfd: int = -1) -> None:
     # No PR_SET_PDEATHSIG here: the kernel ties it to the parent *thread* that
     # started us, and a pool may be created from a short-lived thread.  The parent's
     # pidfd (and EOF on the control socket) tells us the parent process is gone.
-    import numpy  # noqa: F401  (preloaded: every worker forks with it)
+    if not forked:
+        # Preloaded: every worker forks with it.  A forked template has the parent's
+        # modules: numpy if the parent imported it (nothing to do), and none if the parent
+        # never did, whose tasks then rarely need it; importing it here anyway put
+        # 0.2-0.3 s on such a script's first pool (a Manager-proxy batch: measured, the
+        # constructor waits for the template), and a task that imports numpy gets its
+        # worker's arena hook at its first array result (_arrays._install_hook).
+        import numpy  # noqa: F401
 
     # _worker.main imports the compiled loop: once here, not in every new worker
     from fastpool._runtime import _serve, _worker  # noqa: F401

@@ -280,3 +280,35 @@ def test_a_fork_found_beside_another_thread_is_tried_once_more(tmp_path, bad, ki
     assert fields.split() == [kind, str(forks), how], out.stdout
     if how == "spawn":
         assert "another thread ran at each of 2 forks" in why
+
+
+def test_a_parent_that_never_imported_numpy_forks_a_template_without_it(tmp_path):
+    # The template used to import NumPy whatever the parent had: 0.2-0.3 s that a first
+    # pool's constructor waited for, in a script that never uses NumPy (a Manager-proxy
+    # batch).  A task that imports it still gets arrays back, through the worker's hook.
+    out = _run(
+        tmp_path,
+        """
+        import sys
+        sys.path.insert(0, TESTS_DIR)
+        import fastpool
+        from fastpool._runtime import _template
+
+        def numpy_loaded(_=None):
+            return "numpy" in sys.modules
+
+        def ramp(n):
+            import numpy as np
+            return np.arange(n, dtype=np.float64)
+
+        if __name__ == "__main__":
+            before = numpy_loaded()
+            with fastpool.Pool(2) as p:
+                loaded = p.run_on_workers(numpy_loaded)
+                arrays = [p.submit(ramp, 1 << 19).result(timeout=60) for _ in range(3)]
+                want = float((1 << 19) * ((1 << 19) - 1) // 2)
+                assert all(float(a.sum()) == want for a in arrays)
+                print(_template.template().how[0], sorted(loaded.values()), before)
+        """,
+    )
+    assert out.stdout.split() == ["fork", "[False,", "False]", "False"]
