@@ -76,7 +76,8 @@ def array_bytes(chunk: Any) -> int:
     """The bytes of the ndarrays in a map's chunk: the chunk itself, its items, or
     the items' arguments (a chunk of a map over several iterables holds tuples).
     0 for packed numbers, and for a chunk whose first item carries no ndarray: a
-    chunk of many small items is not walked (what it costs is its pickle's size)."""
+    chunk of many small items is not walked (what it costs is its pickle's size).  The
+    items after the first may be anything a map takes (None, a number, a tuple)."""
     nd = _np_ndarray()
     if nd is None:
         return 0
@@ -88,7 +89,7 @@ def array_bytes(chunk: Any) -> int:
     if type(first) is tuple:
         if not any(type(x) is nd for x in first):
             return 0
-        return sum(x.nbytes for item in chunk for x in item if type(x) is nd)
+        return sum(x.nbytes for item in chunk if type(item) is tuple for x in item if type(x) is nd)
     if type(first) is not nd:
         return 0
     return sum(x.nbytes for x in chunk if type(x) is nd)

@@ -235,3 +235,13 @@ def test_an_input_that_breaks_before_its_first_chunk_raises_at_the_call(
 ) -> None:
     with pytest.raises(InputBroke, match="item 0"):
         pool.map(_tasks.double, _breaks_at(5, 0), chunksize=2)
+
+
+@pytest.mark.parametrize("chunksize", [None, 1, 2, 4])
+def test_a_map_takes_any_items_an_executor_takes(pool: fastpool.Pool, chunksize: int) -> None:
+    """issue 32, defect 3: after an item that is a tuple holding an array, the window's
+    byte count met None and 7 and raised TypeError; ProcessPoolExecutor maps them."""
+    arr = np.arange(1000.0)
+    items = [(arr,), None, 7, (arr, 1), "x", [arr], arr, (), (None,)]
+    got = list(pool.map(_tasks.type_name, items, chunksize=chunksize))
+    assert got == [type(x).__name__ for x in items]
