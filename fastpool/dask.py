@@ -88,6 +88,9 @@ class DaskWorkerCrashed(errors.WorkerCrashed):
         self.args = (address, detail, key)
         self.address, self.key = address, key
 
+    def _ending(self) -> BaseException | None:
+        return None  # no process of fastpool's ended; Dask's error is the cause, set by the caller
+
     def __str__(self) -> str:
         return (
             f"Dask worker {self.address} died or closed while running task {self.key}; "

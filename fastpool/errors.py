@@ -8,6 +8,7 @@ constructor's signature: ``FastPoolError.__reduce__`` rebuilds from ``__dict__``
     FastPoolError(Exception)
     +-- BrokenPool(FastPoolError, BrokenProcessPool)
     |   +-- WorkerCrashed            .worker_id .pid .exitcode .signal_name .task_id .cause
+    |   |                            __cause__: how the process ended (see WorkerCrashed)
     |   |   +-- PoisonTask           the task killed a second worker after a retry
     |   |   +-- WorkerHung           heartbeat stopped
     |   |   +-- WorkerMemoryError    memory limit or kernel OOM kill (also a MemoryError)
@@ -245,9 +246,15 @@ def __dir__() -> list[str]:
 
 
 def _make_broken_family() -> dict[str, type]:
-    from concurrent.futures.process import BrokenProcessPool
+    from concurrent.futures import process
 
-    class BrokenPool(FastPoolError, BrokenProcessPool):
+    # ProcessPoolExecutor's own class for text from (or about) a worker, which Python 3.15
+    # makes the __cause__ of a BrokenProcessPool (gh-139462): code that reads that cause's
+    # .tb reads a WorkerCrashed's the same way.  A private name, of the same shape in
+    # 3.11-3.15; should a later Python drop it, a crash has no cause (the suite says so).
+    remote_traceback = getattr(process, "_RemoteTraceback", None)
+
+    class BrokenPool(FastPoolError, process.BrokenProcessPool):
         """The pool could not run a task because a worker process failed."""
 
     class WorkerCrashed(BrokenPool):
@@ -255,7 +262,10 @@ def _make_broken_family() -> dict[str, type]:
 
         Only the task the worker was running fails; the pool replaces the worker and
         goes on. ``exitcode`` follows ``multiprocessing``: negative means killed by
-        that signal (``signal_name`` spells it).
+        that signal (``signal_name`` spells it). Its ``__cause__`` says how the process
+        ended, as ``ProcessPoolExecutor`` says it from Python 3.15 on, and in its class
+        (``concurrent.futures.process._RemoteTraceback``), on every Python: ``.tb`` reads
+        ``Process 4242 (fastpool worker 1) terminated abruptly with exit code -9 (SIGKILL)``.
         """
 
         cause = "died"
@@ -274,6 +284,24 @@ def _make_broken_family() -> dict[str, type]:
             self.exitcode = exitcode
             self.task_id = task_id
             self.detail = detail
+            # set here, not where the death is judged: a copy pickled to another process
+            # is rebuilt through __init__ and carries it too
+            self.__cause__ = self._ending()
+
+        def _ending(self) -> BaseException | None:
+            """How the process ended, in ProcessPoolExecutor's (3.15) words and class."""
+            if remote_traceback is None:
+                return None
+            if self.exitcode is None:
+                how = "; its exit status is unknown"
+            else:
+                how = f" with exit code {self.exitcode}"
+                if self.exitcode < 0:
+                    how += f" ({self.signal_name})"
+            return remote_traceback(
+                f"\n'''\nProcess {self.pid} (fastpool worker {self.worker_id}) terminated "
+                f"abruptly{how}'''"
+            )
 
         @property
         def signal_name(self) -> str | None:

@@ -1,9 +1,11 @@
 """Real damage to real workers: every failure ends in a specific error on its future."""
 
+import concurrent.futures.process
 import os
 import signal
 import threading
 import time
+import traceback
 from concurrent.futures import CancelledError, wait
 
 import _faulty
@@ -62,6 +64,26 @@ def test_sigkill_from_outside_names_the_signal(pool):
     assert info.value.pid == victim and info.value.signal_name == "SIGKILL"
     assert "SIGKILL" in str(info.value)
     assert pool.submit(_tasks.double, 4).result(timeout=30) == 8
+
+
+@pytest.mark.parametrize(
+    "die, args, how",
+    [
+        (_faulty.hard_exit, (99,), "with exit code 99"),
+        (_faulty.sigkill_self, (), "with exit code -9 (SIGKILL)"),
+    ],
+)
+def test_a_crash_says_how_the_process_ended_as_its_cause(pool, die, args, how):
+    """As ProcessPoolExecutor from Python 3.15 on (gh-139462, CPython's
+    test_traceback_when_child_process_terminates_abruptly): the cause is its own
+    _RemoteTraceback class, whose text says how the process ended; here on every Python."""
+    with pytest.raises(WorkerCrashed) as info:
+        pool.submit(die, *args).result(timeout=30)
+    cause = info.value.__cause__
+    assert isinstance(cause, concurrent.futures.process._RemoteTraceback)
+    assert f"Process {info.value.pid} (fastpool worker {info.value.worker_id}) " in cause.tb
+    assert f"terminated abruptly {how}" in cause.tb
+    assert cause.tb in "".join(traceback.format_exception(info.value))  # what a user reads
 
 
 def test_worker_killed_while_idle_is_replaced_without_changing_capacity(pool):

@@ -128,6 +128,10 @@ def test_facts_survive_the_round_trip_by_name() -> None:
     assert (crashed.worker_id, crashed.pid, crashed.exitcode, crashed.task_id) == (1, 4242, -9, 17)
     assert crashed.signal_name == "SIGKILL"
     assert "OOM killer" in str(crashed)
+    # the cause (how the process ended) is made by __init__, so the copy has it too
+    assert "Process 4242 (fastpool worker 1) terminated abruptly with exit code -9 (SIGKILL)" in (
+        crashed.__cause__.tb
+    )
     mem = pickle.loads(pickle.dumps(SAMPLES[errors.WorkerMemoryError]))
     assert (mem.reason, mem.limit_bytes, mem.rss_bytes, mem.peak_rss_bytes) == (
         "oom-killer",
