@@ -117,7 +117,7 @@ cdef class Board:
     def create(int nslots, uint64_t ring_capacity, str name="fastpool"):
         """Makes a fresh board in a new sealed memfd (nothing appears in /dev/shm; no
         worker can shrink it under the parent), at an fd number over 1000."""
-        if nslots < 1 or nslots > FP_BOARD_MAX_SLOTS:
+        if nslots < 1 or nslots > <int>FP_BOARD_MAX_SLOTS:  # an unsigned 1023: fits an int
             raise ValueError(f"a board holds 1 to {FP_BOARD_MAX_SLOTS} worker slots, not {nslots}")
         check_ring_bytes(ring_capacity)
         cdef Board self = Board.__new__(Board)

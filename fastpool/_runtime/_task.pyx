@@ -283,7 +283,7 @@ cdef class Ledger:
 
     def samples(self):
         """(queue waits, run times) in ns, the latest up to 8192 of each."""
-        cdef uint64_t n = min(self._n, SAMPLES)
+        cdef uint64_t n = min(self._n, <uint64_t>SAMPLES)
         return ([self._waits[i] for i in range(n)], [self._runs[i] for i in range(n)])
 
 
