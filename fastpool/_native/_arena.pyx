@@ -320,7 +320,7 @@ cdef class Arena:
         and closes it here when replaced, at close and in a forked child.  ``fd`` -1:
         no more wakes."""
         self._unwake()
-        self._wake_fd, self._wake_min = fd, max(min_bytes, 1)  # _wake_at 0: not armed
+        self._wake_fd, self._wake_min = fd, max(min_bytes, <uint64_t>1)  # _wake_at 0: not armed
 
     def arm_wake(self):
         """The next ``min_bytes`` this process drops wake the fd of ``wake_on_free``."""
