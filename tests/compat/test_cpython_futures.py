@@ -6,8 +6,8 @@ Runs tests/compat/cpython_futures.py twice where it can:
   another interpreter), with this checkout built for it in a cached virtualenv keyed by the
   hash of the sources (the first build takes about a minute; a warm run about 40 s);
 - under the interpreter running this suite, when it is 3.14 or later and has its ``test``
-  package (tools/python314.sh makes such a 3.14, with Debian's libpython3.14-testsuite), on
-  this checkout as it is built in place.
+  package (tools/pythonsid.sh makes such a 3.14 and 3.15, with Debian's
+  libpython3.1X-testsuite), on this checkout as it is built in place.
 
 Every test must pass, be skipped with a reason, or fail as listed in the adapter's
 EXPECTED_FAILURES (mirrored in docs/migrating.md).
@@ -144,9 +144,9 @@ def test_cpython_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
     _run_adapter(*cpython_venv(), tmp_path)
 
 
-@pytest.mark.peer_suite  # .ci/py314 runs the adapter itself, after the 3.14 suite
+@pytest.mark.peer_suite  # .ci/pythonsid runs the adapter itself, after that Python's suite
 def test_this_interpreters_executor_suites_pass_or_fail_as_listed(tmp_path: Path) -> None:
-    """3.14's own suites, when this suite runs under 3.14 (tools/python314.sh)."""
+    """3.14's or 3.15's own suites, when this suite runs under it (tools/pythonsid.sh)."""
     if sys.version_info < (3, 14):
         pytest.skip(f"runs under Python 3.14 or later (this is {sys.version.split()[0]})")
     if not _has_test_package(sys.executable):

@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
-# A CPython 3.14 to test fastpool under, made from Debian's registry (PyPI carries no
-# interpreters; Debian's sid has python3.14 with its test package), then commands run in it.
+# A CPython 3.14 or 3.15 to test fastpool under, made from Debian's registry (PyPI carries no
+# interpreters; Debian's sid has python3.14 and python3.15 with their test packages), then
+# commands run in it.  VERSION is the interpreter's X.Y (3.14, 3.15: what CI runs; another
+# that sid packages works the same way).
 #
-#   tools/python314.sh root           make (or reuse) the root only (no compiler runs: .ci/run
-#                                     starts it early, in the background, while it installs)
-#   tools/python314.sh setup          make (or reuse) the root and the venv, then exit
-#   tools/python314.sh run CMD...     run CMD in this checkout, under the 3.14 venv
-#   tools/python314.sh pytest ARGS... the same as: run python -m pytest ARGS...
-#   tools/python314.sh why            exit 0 if it can work here, else print why and exit 3
+#   tools/pythonsid.sh VERSION root           make (or reuse) the root only (no compiler runs:
+#                                             .ci/run starts both in the background early)
+#   tools/pythonsid.sh VERSION setup          make (or reuse) the root and the venv, build the
+#                                             compiled core, then exit
+#   tools/pythonsid.sh VERSION run CMD...     run CMD in this checkout, under that venv
+#   tools/pythonsid.sh VERSION pytest ARGS... the same as: run python -m pytest ARGS...
+#   tools/pythonsid.sh VERSION why            exit 0 if it can work here, else say why, exit 3
 #
-# What it makes, once, under $FASTPOOL_PY314_CACHE (default /var/cache/fastpool-py314, outside
-# any checkout, so CI and every clone on this machine reuse it):
-#   root/        a `debootstrap --variant=minbase sid` root with python3.14, python3.14-dev,
-#                python3.14-venv, libpython3.14-testsuite (test.test_concurrent_futures,
+# What it makes, once per VERSION, under $FASTPOOL_SID_CACHE/fastpool-pyXY (default
+# /var/cache/fastpool-py314 and /var/cache/fastpool-py315, outside any checkout, so CI and
+# every clone on this machine reuse them; each VERSION its own root, so that one that cannot
+# be made, or whose package list changes, leaves the other alone):
+#   root/        a `debootstrap --variant=minbase sid` root with pythonX.Y, pythonX.Y-dev,
+#                pythonX.Y-venv, libpythonX.Y-testsuite (test.test_concurrent_futures,
 #                test._test_multiprocessing) and gcc.  Keyed by ROOT_KEY below: a changed
 #                package list makes a new root, nothing else does.
-#   root/opt/fastpool-venv-KEY/   a 3.14 venv with the build, runtime and test requirements
+#   root/opt/fastpool-venv-KEY/   a venv with the build, runtime and test requirements
 #                of pyproject.toml, keyed by their hash: a checkout whose requirements
 #                changed rebuilds only the venv.  The compiled core is built in place on
 #                every command (setuptools recompiles only what changed).
-# The checkout reaches the root as a bind mount at /src (read-write: the compiled core for
-# 3.14 is built in place, as the README's install does; its files carry the cpython-314 tag,
-# so they sit beside the host interpreter's without touching them, and git ignores them).
+#   build.log    the last build of the compiled core; `setup` prints its compiler warnings
+#                and their count ("N compiler warnings"), which .ci/pythonsid holds at 0.
+# The checkout reaches the root as a bind mount at /src (read-write: the compiled core is
+# built in place, as the README's install does; its files carry the cpython-3XY tag, so they
+# sit beside the host interpreter's without touching them, and git ignores them).
 #
 # Everything comes from Debian's registry (debootstrap, apt) and from the package index pip
 # is configured for on this host (its CA bundle and pip configuration are copied in; local
@@ -31,24 +38,31 @@
 # /dev/pts: the tests' leak checks read the host's /dev/shm) and /sys with its cgroup mounts
 # (--rbind: the OOM detection reads memory.events) are mounted there, unmounted when the
 # command ends, and can never outlive it, even when it is killed.  One command at a time per
-# cache (flock); a second waits.
+# VERSION's cache (flock); a second waits.
 #
 # Needs root and debootstrap (`apt-get update && apt-get install debootstrap`); without them
-# it says so and exits 3, which .ci/run reports as "3.14 not run" and goes on.
+# it says so and exits 3, which .ci/run reports as "3.X not run" and goes on.
 set -euo pipefail
 
-CACHE="${FASTPOOL_PY314_CACHE:-/var/cache/fastpool-py314}"
+say() { echo "pythonsid.sh${V:+ $V}: $*" >&2; }
+V="${1:-}"
+if ! [[ "$V" =~ ^3\.[0-9]+$ ]]; then
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+fi
+shift
+PY="python$V"
+CACHE="${FASTPOOL_SID_CACHE:-/var/cache}/fastpool-py${V/./}"
 MIRROR="${FASTPOOL_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-PACKAGES="python3.14 python3.14-dev python3.14-venv libpython3.14-testsuite gcc ca-certificates"
+PACKAGES="$PY $PY-dev $PY-venv lib$PY-testsuite gcc ca-certificates"
 ROOT_KEY="sid minbase 1: $PACKAGES"
 CHECKOUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ROOTFS="$CACHE/root"
 UNAVAILABLE=3
 DEBOOTSTRAP="${FASTPOOL_DEBOOTSTRAP:-$(command -v debootstrap || echo /usr/sbin/debootstrap)}"
 
-say() { echo "python314.sh: $*" >&2; }
 unavailable() {
-    say "3.14 unavailable: $*"
+    say "$V unavailable: $*"
     exit "$UNAVAILABLE"
 }
 
@@ -173,13 +187,13 @@ APT
         in_root apt-get clean; } >"$CACHE/apt.log" 2>&1 ||
         unavailable "apt-get in the root failed (see $CACHE/apt.log): $(tail -n 3 "$CACHE/apt.log")"
     echo "$ROOT_KEY" >"$ROOTFS/.fastpool-root"
-    say "root ready in $((SECONDS - t0)) s: $(in_root python3.14 --version)"
+    say "root ready in $((SECONDS - t0)) s: $(in_root "$PY" --version)"
 }
 
 # What the venv holds: the build, runtime and test requirements pyproject.toml lists.  The
 # venv is keyed by them alone; the compiled core is build_core's, redone on every change.
 requirements() {
-    in_root python3.14 -c '
+    in_root "$PY" -c '
 import tomllib
 t = tomllib.load(open("/src/pyproject.toml", "rb"))
 print(*t["build-system"]["requires"], *t["project"]["dependencies"],
@@ -198,7 +212,7 @@ make_venv() {
     for old in "$ROOTFS"/opt/fastpool-venv-*; do  # other requirements': one venv kept
         [ -d "$old" ] && rm -rf "$old"
     done
-    say "making the 3.14 venv $VENV (the build, runtime and test requirements)"
+    say "making the $V venv $VENV (the build, runtime and test requirements)"
     printf '%s\n' "$reqs" >"$ROOTFS/tmp/fastpool-reqs.txt"
     # The requirements only (wheels; pip's cache stays in the root, so a new venv downloads
     # nothing again).  fastpool itself is not pip-installed: build_core compiles it once, in
@@ -207,32 +221,42 @@ make_venv() {
     # second time, in an isolated environment with its own Cython and NumPy downloaded).
     cat >"$ROOTFS/tmp/fastpool-venv.sh" <<'SH'
 set -e
-python3.14 -m venv "$1"
+"$2" -m venv "$1"
 "$1/bin/python" -m pip install -q -r /tmp/fastpool-reqs.txt
 echo /src >"$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/fastpool-src.pth"
 SH
-    in_root env PIP_CACHE_DIR=/var/cache/fastpool-pip /bin/sh /tmp/fastpool-venv.sh "$VENV" \
+    in_root env PIP_CACHE_DIR=/var/cache/fastpool-pip /bin/sh /tmp/fastpool-venv.sh "$VENV" "$PY" \
         >"$CACHE/pip.log" 2>&1 ||
-        unavailable "pip install in the 3.14 venv failed (see $CACHE/pip.log): $(tail -n 5 "$CACHE/pip.log")"
+        unavailable "pip install in the $V venv failed (see $CACHE/pip.log): $(tail -n 5 "$CACHE/pip.log")"
     touch "$ROOTFS$VENV/ready"
     say "venv ready in $((SECONDS - t0)) s"
 }
 
-# The compiled core for 3.14, in place; setuptools rebuilds only what changed.
+# The compiled core for $V, in place; setuptools rebuilds only what changed, so the warnings
+# counted are those of what this build compiled (every module in a fresh clone).
 build_core() {
     in_root /bin/sh -ec "cd /src && $VENV/bin/python setup.py -q build_ext --inplace -j2" \
         >"$CACHE/build.log" 2>&1 ||
-        { say "building the compiled core under 3.14 failed:"; tail -n 30 "$CACHE/build.log" >&2; exit 1; }
+        { say "building the compiled core under $V failed:"; tail -n 30 "$CACHE/build.log" >&2; exit 1; }
+}
+
+# The compiler warnings of the last build (gcc's file:line:col: warning:), each with its
+# source line, then their count.
+build_warnings() {
+    local n pattern='\.[ch]:[0-9]+:[0-9]+: warning:'
+    n=$(grep -cE "$pattern" "$CACHE/build.log" || true)
+    [ "$n" -eq 0 ] || grep -A 2 -E "$pattern" "$CACHE/build.log" | sed 's/^/    /' >&2
+    echo "$n compiler warnings"
 }
 
 # The lock is held until this script ends, by `run` too: a command never sees a root or
-# venv that another python314.sh is still making.
+# venv that another pythonsid.sh is still making.
 lock_cache() {
     check_can
     mkdir -p "$CACHE"
     exec 9>"$CACHE/lock"
     if ! flock -n 9; then
-        say "another python314.sh holds $CACHE/lock; waiting"
+        say "another pythonsid.sh $V holds $CACHE/lock; waiting"
         flock 9
     fi
 }
@@ -249,7 +273,7 @@ cmd="${1:-}"
 case "$cmd" in
     why)
         check_can
-        echo "python314.sh: can make or reuse a 3.14 root in $ROOTFS"
+        echo "pythonsid.sh: can make or reuse a $V root in $ROOTFS"
         ;;
     root)
         lock_cache
@@ -257,7 +281,8 @@ case "$cmd" in
         ;;
     setup)
         setup
-        echo "python314.sh: $(in_root "$VENV/bin/python" --version) ready, venv $ROOTFS$VENV"
+        echo "pythonsid.sh: $(in_root "$VENV/bin/python" --version) ready, venv $ROOTFS$VENV;" \
+            "the compiled core's build: $(build_warnings)"
         ;;
     run | pytest)
         setup
@@ -268,7 +293,7 @@ case "$cmd" in
             "$VENV" "$@"
         ;;
     *)
-        sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 2
         ;;
 esac
