@@ -4,3 +4,5 @@ from libc.stdint cimport uint64_t
 
 cdef object owned_roots(object result)
 cdef uint64_t freed_bytes() noexcept nogil
+cdef uint64_t task_mark() noexcept nogil
+cdef uint64_t peak_bytes() noexcept nogil

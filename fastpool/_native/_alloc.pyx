@@ -38,9 +38,11 @@ What the hook never does:
   there; in the parent np.zeros lands in the arena too (fresh blocks are the
   kernel's zero pages, a reused one is cleared), so that it crosses without a copy;
 - give pages back when a block is freed: they stay mapped for the next array
-  ("warm") until the process's idle trim (Arena.trim, beyond its warm reserve),
-  the pool's close, or (a worker's) the parent's reclaim of its region after a
-  death; a reused block whose pages a trim gave back takes them again at once.
+  ("warm") until the process's idle trim (Arena.trim, beyond its warm reserve), a
+  worker's churn trim after a task (beyond what its recent tasks used: _serve.pyx,
+  from freed_bytes and peak_bytes), the pool's close, or (a worker's) the parent's
+  reclaim of its region after a death; a reused block whose pages a trim gave back
+  takes them again at once.
 
 NumPy calls the handler with the GIL held; _free also copes without it
 (PyGILState_Ensure), since the bookkeeping it touches is the GIL's.  The
@@ -59,7 +61,7 @@ from libc.string cimport memcpy, memset, strncpy
 
 from fastpool._native._arena cimport (
     FP_ARENA_PAGE, Arena, fp_arena_alloc_capped, fp_arena_blk_t,
-    fp_arena_damage_t, fp_arena_unbump,
+    fp_arena_damage_t, fp_arena_is_free, fp_arena_unbump,
     fp_arena_unref, fp_arena_view_t, fp_pages_commit, recommit,
 )
 from fastpool._native._sys cimport FP_OK
@@ -171,6 +173,7 @@ cdef inline Py_ssize_t _page_of(hook_t *h, const void *p) noexcept nogil:
 
 cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
     # A hook block of at least n data bytes, or NULL: the caller falls back.
+    global _live_here, _peak_here
     cdef fp_arena_blk_t b
     cdef fp_arena_damage_t d
     cdef fp_arena_view_t *v = h.v
@@ -200,6 +203,9 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
                 fp_arena_unref(v, h.proc, b.off)
                 return NULL
     h.allocs[0] += 1
+    _live_here += b.size
+    if _live_here > _peak_here:
+        _peak_here = _live_here
     if h.live == 0:
         # The first live hook array pins the mapping (one Block count), so it
         # outlives the pool's shutdown while any hook array lives.
@@ -213,31 +219,53 @@ cdef void *_take(hook_t *h, size_t n, bint *fresh_out) noexcept nogil:
     return v.base + b.off + v.hdr
 
 
-# Bytes of hook blocks this process freed (all its hooks), ever: the worker's loop reads
-# what a task churned through (freed_bytes).  Written with the GIL held.
+# What the worker's loop reads around each task (its churn trim, _serve.pyx), all hooks
+# of this process together, written with the GIL held.  _freed_here: bytes of hook blocks
+# whose array's free left them free, ever; a block someone else still references (a
+# result handed to the parent, a Block taken on it) is not churn and is not counted.
+# _live_here: bytes of hook blocks this process's arrays hold now; _peak_here: the most
+# _live_here reached since task_mark().
 cdef uint64_t _freed_here = 0
+cdef uint64_t _live_here = 0
+cdef uint64_t _peak_here = 0
 
 
 cdef uint64_t freed_bytes() noexcept nogil:
     return _freed_here
 
 
+cdef uint64_t task_mark() noexcept nogil:
+    global _peak_here
+    _peak_here = _live_here
+    return _live_here
+
+
+cdef uint64_t peak_bytes() noexcept nogil:
+    return _peak_here
+
+
 cdef bint _give_back(hook_t *h, void *p) noexcept nogil:
     # True when p was a hook block's data (its reference is dropped here).
-    global _freed_here
+    global _freed_here, _live_here
     cdef Py_ssize_t page = _page_of(h, p)
+    cdef uint64_t off, size
+    cdef int free_ = 0
     if page < 0:
         return False
     if getpid() != h.pid:
         return True  # inherited by a forked child: the reference is the parent's, not its own
     with gil:  # the bookkeeping is the GIL's; NumPy may free without it
-        _freed_here += h.recs[page].size
-        (<Arena>h.arena)._dropped_own(h.recs[page].size)
+        off = h.lo + <uint64_t>page * FP_ARENA_PAGE
+        size = h.recs[page].size
+        _live_here -= size if size <= _live_here else _live_here
+        (<Arena>h.arena)._dropped_own(size)
         h.recs[page].gen = 0
         if h.held[page]:
             h.held[page] -= 1
         h.live -= 1
-        fp_arena_unref(h.v, h.proc, h.lo + <uint64_t>page * FP_ARENA_PAGE)
+        fp_arena_unref(h.v, h.proc, off)
+        if fp_arena_is_free(h.v, off, &free_) == FP_OK and free_:
+            _freed_here += size
         if h.live == 0:  # the last one: unmap if the pool closed meanwhile
             h.blocks[0] -= 1
             (<Arena>h.arena)._maybe_unmap()

@@ -527,14 +527,17 @@ def process_arena() -> Any:
     return _PROCESS_ARENA[0]
 
 
-def trim_process_arena() -> bool:
+def trim_process_arena(warm_bytes: int = 0) -> bool:
     """Gives back the pages of this process's freed arena blocks beyond its warm
-    reserve (Arena.trim).  True while blocks of its region are still live, which a
-    later trim may give back once they are freed; False with no arena."""
+    reserve plus ``warm_bytes`` (Arena.trim).  True while blocks of its region are
+    still live, which a later trim may give back once they are freed; False with no
+    arena."""
     arena = process_arena()
     if arena is None:
         return False
-    return bool(arena.trim()[1])
+    from fastpool._native._arena import TRIM_RESERVE_BYTES
+
+    return bool(arena.trim(TRIM_RESERVE_BYTES + warm_bytes)[1])
 
 
 def set_process_arena(arena: Any) -> None:

@@ -4,6 +4,7 @@ from fastpool._native._core import Board
 
 TRIM_IDLE_SLICES: int
 TRIM_CHURN_BYTES: int
+TRIM_WINDOW: int
 EXIT_STOPPED: int
 EXIT_RESULT_STUCK: int
 EXIT_TASK_RING_CORRUPT: int

@@ -31,7 +31,7 @@ from fastpool._native._core cimport (
     FP_K_STARCHUNK, FP_K_STOP, FP_K_TASK_LIMIT, FP_R_BAD_RESULT, FP_R_ERR, FP_R_OK, FP_R_SKIPPED,
     Board, fp_now_ns, fp_recv_t,
 )
-from fastpool._native._alloc cimport freed_bytes, owned_roots
+from fastpool._native._alloc cimport freed_bytes, owned_roots, peak_bytes, task_mark
 from fastpool._native._sys cimport FP_AGAIN, FP_OK
 
 cdef object _loads = pickle.loads
@@ -47,12 +47,18 @@ cdef int64_t IDLE_SLICE_MAX_NS = 5 * 1000000000
 # worker waiting for the next of a run of calls keeps its warm blocks, and what a batch
 # left goes back within half a second (docs/arrays.md, "Memory that comes back").
 TRIM_IDLE_SLICES = 2
-# A task whose own arrays freed at least this much in the arena (its temporaries) has
-# the worker trim at once, without waiting to idle: in a run of such tasks the region
-# otherwise holds every task's high water for as long as the run lasts, where glibc
-# gives a large temporary back when it is freed.  Measured on the batch of 32 slices of
-# a 2 GiB array (ProcessPoolExecutor's peak 1,020-1,049 MiB): see docs/arrays.md.
+# A task whose own arrays freed at least this much in the arena (its temporaries: not
+# a result handed to the parent, which is still in use) has the worker trim at once,
+# without waiting to idle, down to its warm reserve plus what the last TRIM_WINDOW tasks
+# that took hook blocks needed at their peak.  So a run of alike tasks keeps its
+# temporaries' pages warm (no page faults, no trims: glibc's dynamic mmap threshold does
+# the same for repeated allocations up to 32 MiB), and what the recent tasks no longer
+# use goes back before the next task, where glibc gives a large temporary back when it
+# is freed.  Measured in docs/arrays.md ("Memory that comes back").
 TRIM_CHURN_BYTES = 64 << 20
+TRIM_WINDOW = 4
+cdef enum:
+    WINDOW = 4  # TRIM_WINDOW, as a C array's length
 
 # Exit codes the parent reads as "why the worker left".
 EXIT_STOPPED = 0
@@ -87,7 +93,9 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
     cdef int64_t wait_ns = slice_ns
     cdef uint64_t flags
     cdef bint skipped, sent, trim_due = False
-    cdef uint64_t freed0, churn_trim = TRIM_CHURN_BYTES
+    cdef uint64_t freed0, live0, need, warm, churn_trim = TRIM_CHURN_BYTES
+    cdef uint64_t needs[WINDOW]  # the hook bytes each of the last tasks took at its peak
+    cdef int nneeds = 0, i
     cdef int idle = 0
     cdef const char *outp
     cdef Py_ssize_t outn
@@ -136,6 +144,7 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
             continue
         t0 = fp_now_ns()
         freed0 = freed_bytes()
+        live0 = task_mark()
         out = None
         rkind = FP_R_OK
         damaged = False
@@ -204,5 +213,12 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
             return EXIT_ARENA_CORRUPT  # the parent repairs the region before a replacement uses it
         spin = spin_ns
         idle, trim_due = 0, True
+        need = peak_bytes() - live0
+        if need:  # a task that took no hook block leaves the window as it was
+            needs[nneeds % WINDOW] = need
+            nneeds += 1
         if freed_bytes() - freed0 >= churn_trim:
-            trim_due = _arrays.trim_process_arena()
+            warm = 0
+            for i in range(min(nneeds, WINDOW)):
+                warm = max(warm, needs[i])
+            trim_due = _arrays.trim_process_arena(warm)

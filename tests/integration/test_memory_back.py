@@ -74,33 +74,85 @@ def test_results_held_while_the_pool_trims_keep_their_data(kept):
         assert (mine == 2.0 * kept).all()
 
 
-def churn(mib: int) -> int:
+def churn(mib: int, times: int = 3) -> int:
     """Makes and frees large temporaries (each a block of this worker's arena region, by
     the NumPy hook), as a task on a slice of a batch does; returns a small result."""
-    for _ in range(3):
+    for _ in range(times):
         t = np.ones(mib * MIB // 8)
         t += 1.0
         del t
     return mib
 
 
-def test_a_task_that_churns_large_temporaries_gives_them_back_before_the_next_task(
+def big(mib: int) -> np.ndarray:
+    """A large result the NumPy hook made in the worker's region: handed to the parent."""
+    return np.full(mib * MIB // 8, 2.0)
+
+
+def gated_big(started: str, gate: str, mib: int) -> np.ndarray:
+    _tasks.touch(started)
+    _tasks.open_gate(gate)
+    return big(mib)
+
+
+def test_a_run_keeps_the_temporaries_its_recent_tasks_reuse_and_gives_back_the_rest(
     tmp_path,
 ) -> None:
-    # A run of such tasks never idles, so without the trim after the task its region would
-    # hold every task's temporaries until the run ends (the batch's peak, issue 24).  The
-    # second task holds the worker on a gate: the worker took it without idling between.
-    started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
+    # A run of such tasks never idles.  Temporaries the recent tasks took again stay warm
+    # (a trim would cost each task their page faults again); what none of the last
+    # TRIM_WINDOW tasks needed goes back before the next task, so a run that moved on to
+    # smaller slices does not hold the high water of an earlier one until it ends.
+    # Each gate task holds the worker: it took it without idling between.
+    from fastpool._runtime._serve import TRIM_WINDOW
+
+    s1, g1 = str(tmp_path / "s1"), str(tmp_path / "g1")
+    s2, g2 = str(tmp_path / "s2"), str(tmp_path / "g2")
     with fastpool.Pool(1) as pool:
-        first = pool.submit(churn, 96)
-        held = pool.submit(_tasks.announce_then_gate, started, gate)
+        futs = [pool.submit(churn, 96)]
+        futs += [pool.submit(churn, 8, 10) for _ in range(TRIM_WINDOW - 1)]  # 80 MiB freed each
+        held1 = pool.submit(_tasks.announce_then_gate, s1, g1)
+        futs.append(pool.submit(churn, 8, 10))
+        held2 = pool.submit(_tasks.announce_then_gate, s2, g2)
         try:
-            assert first.result(timeout=60) == 96
-            wait_for(lambda: os.path.exists(started), 30, lambda: "the second task to start")
+            wait_for(lambda: os.path.exists(s1), 60, lambda: "the first gate task to start")
             arena = pool.stats()["arena"]
-            assert arena["returned_bytes"] >= 64 * MIB, arena
+            assert arena["returned_bytes"] < 64 * MIB, arena  # the 96 MiB block stayed warm
         finally:
-            open(gate, "w").close()
+            open(g1, "w").close()
+        try:
+            wait_for(lambda: os.path.exists(s2), 60, lambda: "the second gate task to start")
+            arena = pool.stats()["arena"]
+            assert arena["returned_bytes"] >= 64 * MIB, arena  # the 88 MiB no task reused
+        finally:
+            open(g2, "w").close()
+        assert [f.result(timeout=60) for f in futs] == [96] + [8] * TRIM_WINDOW
+        assert held1.result(timeout=60) == held2.result(timeout=60) == ""
+
+
+def test_a_task_that_returns_a_large_array_does_not_trim(tmp_path) -> None:
+    # The result is handed to the parent, not freed: it is no churn.  Counted as churn, it
+    # trimmed after every such task, and the next one took its block's pages again
+    # (issue 31: `return a * 2` on 80 MiB, 80-97 ms a call against 14-24 ms).  Here two
+    # 48 MiB blocks the parent freed while the last task ran lie warm between live ones,
+    # each too small for its 64 MiB result: a trim after it would give one or both back.
+    s, g = str(tmp_path / "s"), str(tmp_path / "g")
+    s2, g2 = str(tmp_path / "s2"), str(tmp_path / "g2")
+    with fastpool.Pool(1) as pool:
+        kept = [pool.submit(big, 48).result(timeout=60) for _ in range(4)]  # back to back
+        last = pool.submit(gated_big, s, g, 64)
+        held = pool.submit(_tasks.announce_then_gate, s2, g2)
+        try:
+            wait_for(lambda: os.path.exists(s), 60, lambda: "the last task to start")
+            assert all((k == 2.0).all() for k in kept)
+            del kept[2], kept[0]
+            open(g, "w").close()
+            wait_for(lambda: os.path.exists(s2), 60, lambda: "the gate task to start")
+            arena = pool.stats()["arena"]
+            assert arena["returned_bytes"] < 32 * MIB, arena
+        finally:
+            open(g, "w").close()
+            open(g2, "w").close()
+        assert (last.result(timeout=60) == 2.0).all()
         assert held.result(timeout=60) == ""
 
 
