@@ -110,7 +110,7 @@ def cooperative_array(started, nbytes, limit_s=30.0):
 
 def array_with_a_big_pickle(nbytes, nitems):
     """An array that travels by descriptor (a block handed to the parent) beside a
-    list whose pickle is too big for a small ring: the result never fits."""
+    list whose pickle is too big for a small ring: the result spills into the arena."""
     return np.ones(nbytes // 8), list(range(nitems))
 
 
@@ -273,3 +273,47 @@ def add_in_place(arr: np.ndarray, value: float) -> float:
     """Adds value to every element of the argument itself; returns the new sum."""
     arr += value
     return float(arr.sum())
+
+
+# ---- arrays inside the call's function (issue 31): partial, closure, bound method ------
+
+
+def described(arr, *_ignored: Any) -> dict:
+    """``info`` of an array bound into the task's function, with its class and a checksum
+    (the extra arguments are a map's items)."""
+    out = info(np.asarray(arr) if type(arr) is np.ndarray else arr)
+    out.update(cls=type(arr).__name__, checksum=float(np.asarray(arr).sum()))
+    if isinstance(arr, np.ma.MaskedArray):
+        out["masked"] = int(arr.mask.sum())
+    return out
+
+
+def objects_of(arr) -> list:
+    return list(arr)
+
+
+class Holder:
+    """A user object holding an array: its bound method, or itself inside a partial."""
+
+    def __init__(self, arr) -> None:
+        self.arr = arr
+
+    def describe(self, *_ignored: Any) -> dict:
+        return described(self.arr)
+
+
+def held(holder: Holder, *_ignored: Any) -> dict:
+    return described(holder.arr)
+
+
+def die_holding(_arr, code: int) -> None:
+    os._exit(code)
+
+
+def big_list(n_items: int, item_bytes: int) -> list:
+    """A result whose pickle is n_items * item_bytes: plain bytes, no arrays."""
+    return [bytes([i % 256]) * item_bytes for i in range(n_items)]
+
+
+def stored_len() -> int:
+    return len(_DATA[0])

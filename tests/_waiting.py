@@ -121,3 +121,17 @@ def spy_select(sup) -> list:
 
     sup.sel.select = select
     return timeouts
+
+
+def live_blocks(pool) -> int:
+    """Arena blocks someone references now, in any process of the pool."""
+    return pool._arena.usage()["live_blocks"]
+
+
+def wait_live_blocks(pool, baseline: int) -> None:
+    """Waits until the pool's live arena blocks are back to ``baseline``: what a call,
+    a result or a dead worker held was released."""
+    wait_for(
+        lambda: live_blocks(pool) == baseline,
+        what=lambda: f"live_blocks back to {baseline} (now {live_blocks(pool)})",
+    )

@@ -19,6 +19,10 @@ into a view of the block in the receiver's own mapping:
     object dtype, small, other subclasses -> pickled as before (inline in the ring): a
     (np.ma.MaskedArray: its own __reduce__)  MaskedArray keeps its mask
     array of another (or a closed) pool  -> treated as a plain array: one copy
+    the same array in a map's chunks     -> one copy for all of them (CopyMemo)
+
+A pickle too large for a ring record (a call's, a result's) crosses the same way: its
+bytes in a block, a ``Spilled`` stub in the ring (``spill``, ``unspill``).
 
 The block must outlive the trip.  Parent to worker: the parent keeps a call's blocks
 in ``keep`` (the future holds them until it settles).  Worker to parent: the worker
@@ -38,7 +42,7 @@ import pickle
 import struct
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
 
 from fastpool import errors
 
@@ -280,18 +284,50 @@ def __getattr__(name: str) -> Any:
 # The sender's end.
 
 
+class CopyMemo(dict):
+    """id(array) -> (array, its copy in the arena), shared by the calls that pass it to
+    ``encode`` (a map's chunks: one copy of an array bound into every task of a map).
+    Each call that used it holds it in its keep list, so the copies live until the last
+    of them settles; ``fn`` is the map's function it belongs to."""
+
+    __slots__ = ("fn", "__weakref__")
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+
+class CarriesArrays(Exception):
+    """A probing pickler (``ArrayPickler.probe``) met an array that would cross
+    through shared memory: what it pickles must travel with an arena (a call's
+    function that holds one rides in the call, see ``_codec.function_bytes``)."""
+
+
 class ArrayPickler(pickle.Pickler):
     """Pickles ndarrays as Descriptors into ``arena`` (see the module docstring); with
-    no arena, as NumPy pickles them.  The codec's call pickler builds on ``reduce_array``."""
+    no arena, as NumPy pickles them, or, with ``probe``, raises CarriesArrays at the
+    first array that an arena would have taken.  The codec's call pickler builds on
+    ``reduce_array``."""
+
+    probe = False
 
     def __init__(
-        self, file: Any, arena: Any, keep: list | None, handoff: bool, owned: Any = None
+        self,
+        file: Any,
+        arena: Any,
+        keep: list | None,
+        handoff: bool,
+        owned: Any = None,
+        memo: dict | None = None,
     ) -> None:
         super().__init__(file, PROTOCOL)
         self.arena = arena
         self.keep = keep
         self.handoff = handoff
         self.owned = owned  # ids of NumPy-hook arrays only the result holds: sent without a copy
+        # id(array) -> (array, its copy in the arena): one copy per array for every call
+        # that shares the memo (the chunks of one map: see CopyMemo)
+        self.copies = memo
         self.handed: list[int] = []  # offsets of blocks this worker added a reference to
         self.detach: list = []
 
@@ -311,6 +347,8 @@ class ArrayPickler(pickle.Pickler):
             return NotImplemented
         arena = self.arena
         if arena is None:
+            if self.probe and not obj.dtype.hasobject and obj.nbytes >= OOB_THRESHOLD_BYTES:
+                raise CarriesArrays()
             return NotImplemented
         from fastpool._native import _arena, _ndarray
 
@@ -332,7 +370,14 @@ class ArrayPickler(pickle.Pickler):
                 )
             if obj.dtype.hasobject or obj.nbytes < OOB_THRESHOLD_BYTES:
                 return NotImplemented
-            dst = _ndarray.copy_in(arena, obj)  # the one copy: straight into shared memory
+            memo = self.copies
+            hit = memo.get(id(obj)) if memo is not None else None
+            if hit is not None and hit[0] is obj:
+                dst = hit[1]
+            else:
+                dst = _ndarray.copy_in(arena, obj)  # the one copy: straight into shared memory
+                if memo is not None:
+                    memo[id(obj)] = (obj, dst)
             blk = dst.base
             byte_off = _ndarray.address_of(dst) - blk.address
             strides, readonly = dst.strides, not obj.flags.writeable
@@ -380,7 +425,8 @@ def encode(
     keep: list | None = None,
     handoff: bool = False,
     owned: Any = None,
-    pickler: type[ArrayPickler] | None = None,
+    pickler: Callable[..., ArrayPickler] | None = None,
+    memo: dict | None = None,
 ) -> tuple[bytes, list[int]]:
     """Pickles obj with arrays as Descriptors into arena (plain pickle when arena is None
     and no ``pickler`` class is given: the codec passes its call pickler).
@@ -393,7 +439,7 @@ def encode(
     if arena is None and pickler is None:
         return pickle.dumps(obj, PROTOCOL), []
     buf = io.BytesIO()
-    p = (pickler or ArrayPickler)(buf, arena, keep, handoff, owned)
+    p = (pickler or ArrayPickler)(buf, arena, keep, handoff, owned, memo)
     kept = len(keep) if keep is not None else 0
     try:
         p.dump(obj)
@@ -413,6 +459,59 @@ def encode(
         if keep is not None:
             keep.append(TRANSFERRED)
     return buf.getvalue(), p.handed
+
+
+# ---------------------------------------------------------------------------------
+# A pickle too large for one ring record travels in a block of the arena.
+
+
+class Spilled:
+    """A pickle that did not fit a ring record, in an arena block: what crosses the ring
+    is this, a few dozen bytes, and unpickling it unpickles the pickle from the block."""
+
+    __slots__ = ("token", "off", "gen", "nbytes")
+
+    def __init__(self, token: int, off: int, gen: int, nbytes: int) -> None:
+        self.token, self.off, self.gen, self.nbytes = token, off, gen, nbytes
+
+    def __reduce__(self) -> Any:
+        return unspill, (self.token, self.off, self.gen, self.nbytes)
+
+
+def spill(payload: bytes, arena: Any, keep: list | None, handed: list[int] | None) -> bytes:
+    """payload copied into a fresh block of arena; returns the small pickle that stands
+    for it.  The block is kept alive in ``keep`` (a call: until it settles), or handed
+    off (a result: one reference for the parent, its offset appended to ``handed``).
+    Raises SharedMemoryError when the arena cannot hold it."""
+    blk = arena.alloc(len(payload))
+    memoryview(blk)[: len(payload)] = payload
+    if handed is not None:
+        arena.handoff(blk)
+        handed.append(blk.off)
+    elif keep is not None:
+        keep.append(blk)
+    return pickle.dumps(Spilled(arena.token, blk.off, blk.gen, len(payload)), PROTOCOL)
+
+
+def unspill(token: int, off: int, gen: int, nbytes: int) -> Any:
+    """Unpickles a Spilled pickle from its block, through this process's own reference.
+    The length it names is checked against the block's, as this process read it once
+    (Arena.ref), so a forged one fails here: SegmentCorrupt; SharedMemoryError as
+    ``rebuild`` raises it."""
+    from fastpool._native import _arena
+
+    arena = _arena.lookup(token)
+    if arena is None:
+        raise errors.SharedMemoryError(
+            "a spilled pickle names the shared memory of a pool this process does not serve"
+        )
+    blk = arena.ref(off, gen, True)
+    if not 0 <= nbytes <= blk.nbytes:
+        raise errors.SegmentCorrupt(
+            f"a spilled pickle of {nbytes} bytes does not fit its block of {blk.nbytes}"
+        )
+    with memoryview(blk) as view:
+        return pickle.loads(view[:nbytes])
 
 
 # ---------------------------------------------------------------------------------
@@ -437,17 +536,32 @@ class Handed:
             self.arena.unref_for(self.arena.proc, off)
 
 
-def encode_result(result: Any, owned: Any = None) -> tuple[bytes, Handed | None]:
+def encode_result(result: Any, owned: Any = None, spill_at: int = 0) -> tuple[bytes, Handed | None]:
     """A worker's result: large arrays into its own region, handed off to the parent.
 
     ``owned``: ids of the NumPy-hook arrays only ``result`` holds (_alloc.owned_roots);
-    they are sent as they are, every other array is copied.  Returns the payload and,
-    when it handed blocks over, a Handed: the payload then ends with the trailer (their
-    offsets, so the parent can take them back even if it cannot decode the result)."""
+    they are sent as they are, every other array is copied.  A payload over
+    ``spill_at`` bytes (the ring's record limit; 0: none) goes into a block of the
+    region too (``spill``).  Returns the payload and, when it handed blocks over, a
+    Handed: the payload then ends with the trailer (their offsets, so the parent can
+    take them back even if it cannot decode the result)."""
     if _HOOK_PENDING[0]:
         _install_hook()
     arena = None if type(result) in _ATOMIC else _PROCESS_ARENA[0]
     payload, offs = encode(result, arena, None, True, owned)
+    return _with_trailer(payload, offs, spill_at)
+
+
+def spill_result(payload: bytes, spill_at: int) -> tuple[bytes, Handed | None]:
+    """A worker's pickled result as ``encode_result`` returns it, spilled when it is
+    over ``spill_at`` bytes (a plain value the serving loop pickled itself)."""
+    return _with_trailer(payload, [], spill_at)
+
+
+def _with_trailer(payload: bytes, offs: list[int], spill_at: int) -> tuple[bytes, Handed | None]:
+    arena = _PROCESS_ARENA[0]
+    if spill_at and arena is not None and len(payload) + 8 * len(offs) + 16 > spill_at:
+        payload = spill(payload, arena, None, offs)
     if not offs:
         return payload, None
     trailer = struct.pack(f"<{len(offs)}Q", *offs) + _HANDOFFS.pack(len(offs), _HANDOFFS_MAGIC)

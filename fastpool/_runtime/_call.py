@@ -103,6 +103,19 @@ def run_chunk(
     return out if packed is None else packed
 
 
+def ride(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """The function a call runs when its own function rides in the call's arguments
+    (it holds arrays that cross through shared memory: ``_codec.function_bytes``)."""
+    return fn(*args, **kwargs)
+
+
+def ride_chunk(
+    fn: Callable[..., Any], items: Sequence[Any], star: bool
+) -> list | _numbers.Numbers | ChunkFailure:
+    """``ride`` for a map chunk: ``run_chunk`` of the function that rode in with it."""
+    return run_chunk(fn, items, star)
+
+
 def _same_arity(items: list) -> bool:
     # map(fn, *zip(*items)) calls fn(*x) only when every x has the same length
     n = len(items[0])

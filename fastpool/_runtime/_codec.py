@@ -5,7 +5,11 @@ method, the joblib batches and the Dask executor all hand it their function and
 arguments as objects; none pickles a call itself.
 
     the task's function  -> function_bytes: by reference when importable; by value
-                            (cloudpickle) from __main__, a lambda or a closure; cached
+                            (cloudpickle) from __main__, a lambda or a closure; cached;
+                            sent to each worker once.  One that holds arrays (a
+                            partial's, a closure's, a bound method's object) or a
+                            pickle over half a ring record rides in each call
+                            instead: _call.ride(fn, *args), fn among the arguments
     its arguments        -> encode_args, with the call pickler (CallPickler):
                             a function anywhere in them that goes by value (a lambda
                             in args, functools.partial(lambda), a joblib batch's
@@ -15,6 +19,8 @@ arguments as objects; none pickles a call itself.
                             an ndarray -> a descriptor of shared memory (_arrays)
                             anything else the plain pickler refuses -> the whole
                             call again with cloudpickle underneath (as loky ships)
+    a map's chunks       -> one copy of each array for all of them (_arrays.CopyMemo)
+    over a ring record   -> the pickle in an arena block, a stub in the ring (spill)
     in the worker        -> load_function: every function sent by value is adopted
                             by ``_mainns`` (initializer globals, __main__ classes)
     results, exceptions  -> plain pickle (arrays as descriptors); a spawned template
@@ -27,6 +33,7 @@ Sending ``__main__`` functions by value lets scripts and notebooks work without 
 
 from __future__ import annotations
 
+import functools
 import linecache
 import pickle
 import re
@@ -135,13 +142,17 @@ def _cell_set(cell: Any) -> bool:
     return True
 
 
-def function_bytes(fn: Callable[..., Any]) -> bytes:
+def function_bytes(fn: Callable[..., Any], rides: int | None = None) -> bytes | None:
     """The pickle of fn: by reference when importable, else by value (cloudpickle).
 
     Cached per function.  A function sent by value (``__main__``, lambdas,
     closures) is pickled again when a global it reads, a closure cell or its
     defaults were rebound since, so a notebook that redefines a global reaches
-    the workers.  Raises SerializationError if fn cannot be pickled at all."""
+    the workers.  With ``rides`` (a size in bytes), None instead when fn must ride
+    in each call rather than be sent once per worker: it holds an array that
+    crosses through shared memory (a ``partial``'s argument, a closure cell, a
+    bound method's object), or its pickle is ``rides`` bytes or more.  Raises
+    SerializationError if fn cannot be pickled at all."""
     cache: Any = (
         _FN_CACHE
         if isinstance(fn, types.FunctionType)
@@ -150,37 +161,72 @@ def function_bytes(fn: Callable[..., Any]) -> bytes:
     by_value = _by_value(fn)
     mark = None
     hit = cache.get(fn) if cache is not None else None
+    data: bytes | None
     if by_value and isinstance(fn, types.FunctionType):
         mark = _captured(fn)
         if hit is not None and _same(hit[0], mark):
-            return hit[1]
+            data = hit[1]
+            if data is None and rides is None:  # it holds arrays: by value, arrays inline
+                return _pickle_function(fn, True, False)
+            return None if data is None or (rides is not None and len(data) >= rides) else data
     elif hit is not None:
         return hit
-    try:
-        if by_value:
-            import cloudpickle
-
-            data = cloudpickle.dumps(_Sourced(fn), PROTOCOL)
-        elif isinstance(fn, (types.FunctionType, types.BuiltinFunctionType)):
-            data = dumps(fn)
-        else:  # a callable object (functools.partial, mp's _Star): what it holds, as a call's
-            data = _pickle_call(fn, None, None)
-    except errors.FastPoolError:
-        raise
-    except Exception as exc:
-        try:
-            import cloudpickle
-
-            data = cloudpickle.dumps(_Sourced(fn), PROTOCOL)
-        except Exception:
-            raise errors.SerializationError(
-                f"the function {getattr(fn, '__qualname__', fn)!r}", f"{type(exc).__name__}: {exc}"
-            ) from exc
+    # a function sent by value is always probed: its pickle is cached either way
+    data = _pickle_function(fn, by_value, rides is not None or mark is not None)
     if cache is not None:
         if len(cache) >= _FN_CACHE_MAX:
             cache.clear()
         cache[fn] = (mark, data) if mark is not None else data
-    return data
+    if data is None:
+        return None if rides is not None else _pickle_function(fn, by_value, False)
+    return None if rides is not None and len(data) >= rides else data
+
+
+def _pickle_function(fn: Any, by_value: bool, probe: bool) -> bytes | None:
+    # fn's pickle; with probe, None when it holds an array that crosses through shared
+    # memory (the caller sends it in the call instead, with the arena)
+    try:
+        if by_value:
+            return _encode_by_value(fn, None, None, probe)
+        if isinstance(fn, (types.FunctionType, types.BuiltinFunctionType)):
+            return dumps(fn)
+        # a callable object (functools.partial, mp's _Star): what it holds, as a call's
+        return _pickle_call(fn, None, None, probe=probe)
+    except _arrays.CarriesArrays:
+        return None
+    except errors.FastPoolError:
+        raise
+    except Exception as exc:
+        try:
+            return _encode_by_value(fn, None, None, probe)
+        except _arrays.CarriesArrays:
+            return None
+        except Exception:
+            raise errors.SerializationError(
+                f"the function {getattr(fn, '__qualname__', fn)!r}", f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _encode_by_value(
+    fn: Any, arena: Any, keep: list | None, probe: bool, memo: dict | None = None
+) -> bytes:
+    """fn pickled by value (cloudpickle), its arrays inline, or with ``probe``
+    CarriesArrays at the first one an arena would take.  With ``arena``, its arrays
+    as descriptors, and the functions it reads that go by value as their own
+    ``function_bytes`` (``CallPickler``): what it brings is then fn's alone, and a
+    global function does not tie its globals to fn's in a cycle, which would keep
+    the arrays mapped in the worker until its garbage collector ran."""
+    if arena is None:
+        return _arrays.encode(_Sourced(fn), None, None, pickler=_cloud_array_pickler(probe))[0]
+    _ENCODING.add(id(fn))
+    try:
+        pickler = functools.partial(_cloud_pickler(), top=fn)
+        return _arrays.encode(_Sourced(fn), arena, keep, pickler=pickler, memo=memo)[0]
+    finally:
+        _ENCODING.discard(id(fn))
+
+
+_ENCODING: set[int] = set()  # by-value functions being pickled with an arena: pickled inline
 
 
 class _Sourced:
@@ -215,19 +261,25 @@ def _with_filename(fn: Any, filename: str) -> Any:
 
 
 def encode_args(
-    obj: Any, args: Any, kwargs: dict, arena: Any = None, keep: list | None = None
+    obj: Any,
+    args: Any,
+    kwargs: dict,
+    arena: Any = None,
+    keep: list | None = None,
+    memo: dict | None = None,
 ) -> bytes:
     """Pickles a call's arguments (obj: args, (args, kwargs) or a map chunk's items).
 
     A chunk of numbers travels as one buffer (``_numbers``).  With
-    ``arena``, arrays travel as descriptors (see ``encode``).  Raises
-    SerializationError naming the argument that cannot be pickled."""
+    ``arena``, arrays travel as descriptors (see ``encode``); ``memo`` shares
+    their copies between the calls that pass the same one (a map's chunks).
+    Raises SerializationError naming the argument that cannot be pickled."""
     if type(obj) is _numbers.Numbers:  # a map chunk the engine packed: no arrays in it
         return dumps(obj)
     if type(obj) is list and (packed := _numbers.pack(obj)) is not None:
         return dumps(packed)
     try:
-        return _pickle_call(obj, arena, keep)
+        return _pickle_call(obj, arena, keep, memo=memo)
     except errors.FastPoolError:
         raise
     except Exception as exc:
@@ -254,22 +306,50 @@ def encode_args(
 
 class CallPickler(_arrays.ArrayPickler):
     """The pickler of a call's arguments: a function that goes by value, wherever it
-    sits, travels as its ``function_bytes``; arrays as descriptors (``_arrays``)."""
+    sits, travels as its ``function_bytes``, or, when it holds arrays, by value in
+    this pickle with its arrays as descriptors; arrays as descriptors (``_arrays``)."""
+
+    top: Any  # the function being pickled by value, which no rule may send again
+
+    def __init__(self, *args: Any, top: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.top = top
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is types.FunctionType and _by_value(obj):
-            return function_from, (function_bytes(obj),)
+        if (
+            type(obj) is types.FunctionType
+            and obj is not self.top
+            and _by_value(obj)
+            and id(obj) not in _ENCODING
+        ):
+            if self.arena is None and not self.probe:
+                return function_from, (function_bytes(obj),)
+            data = function_bytes(obj, _NEVER_RIDES)
+            if data is not None:
+                return function_from, (data,)
+            if self.probe:
+                raise _arrays.CarriesArrays()
+            # not cached in the worker (load_function): its views go with the call
+            return load_function, (
+                _encode_by_value(obj, self.arena, self.keep, False, self.copies),
+            )
         return self.reduce_array(obj)
 
 
-_CLOUD: list[Any] = []  # the cloudpickle-based CallPickler, made on first need
+class _ProbeCallPickler(CallPickler):
+    probe = True
 
 
-def _cloud_pickler() -> Any:
-    if not _CLOUD:
+_NEVER_RIDES = 1 << 62  # function_bytes(rides=...): only for the arrays it holds
+_CLOUD: dict[Any, Any] = {}  # the cloudpickle-based picklers, made on first need
+
+
+def _cloud_pickler(probe: bool = False) -> Any:
+    key = ("call", probe)
+    if key not in _CLOUD:
         import cloudpickle
 
-        class CloudCallPickler(CallPickler, cloudpickle.Pickler):
+        class CloudCallPickler(_ProbeCallPickler if probe else CallPickler, cloudpickle.Pickler):
             """CallPickler over cloudpickle: what the plain pickler refuses (a class
             defined in a function, an object holding one) is pickled by value."""
 
@@ -279,19 +359,51 @@ def _cloud_pickler() -> Any:
                     out = cloudpickle.Pickler.reducer_override(self, obj)
                 return out
 
-        _CLOUD.append(CloudCallPickler)
-    return _CLOUD[0]
+        _CLOUD[key] = CloudCallPickler
+    return _CLOUD[key]
 
 
-def _pickle_call(obj: Any, arena: Any, keep: list | None) -> bytes:
+def _cloud_array_pickler(probe: bool) -> Any:
+    key = ("function", probe)
+    if key not in _CLOUD:
+        import cloudpickle
+
+        class CloudArrayPickler(_arrays.ArrayPickler, cloudpickle.Pickler):
+            """A function by value (cloudpickle), with the arrays it holds as
+            descriptors (or, probing, CarriesArrays at the first)."""
+
+            def reducer_override(self, obj: Any) -> Any:
+                out = self.reduce_array(obj)
+                if out is NotImplemented:
+                    out = cloudpickle.Pickler.reducer_override(self, obj)
+                return out
+
+        CloudArrayPickler.probe = probe
+        _CLOUD[key] = CloudArrayPickler
+    return _CLOUD[key]
+
+
+def _pickle_call(
+    obj: Any, arena: Any, keep: list | None, probe: bool = False, memo: dict | None = None
+) -> bytes:
     """obj with CallPickler; if the plain pickler refuses something in it, all of it
-    again over cloudpickle (the first try's copies into shared memory are dropped)."""
+    again over cloudpickle (the first try's copies into shared memory are dropped).
+    ``probe``: CarriesArrays at the first array an arena would take (no arena)."""
     try:
-        return encode(obj, arena, keep, pickler=CallPickler)[0]
-    except errors.FastPoolError:
+        return _arrays.encode(
+            obj, arena, keep, pickler=_ProbeCallPickler if probe else CallPickler, memo=memo
+        )[0]
+    except (errors.FastPoolError, _arrays.CarriesArrays):
         raise
     except Exception:  # noqa: BLE001 - cloudpickle's turn; its own error is the one reported
-        return encode(obj, arena, keep, pickler=_cloud_pickler())[0]
+        return _arrays.encode(obj, arena, keep, pickler=_cloud_pickler(probe), memo=memo)[0]
+
+
+def spill(payload: bytes, arena: Any, keep: list) -> bytes:
+    """A call's pickle too large for a ring record, moved into an arena block that
+    ``keep`` holds until the call settles; returns what crosses the ring instead
+    (``_arrays.spill``).  Raises SharedMemoryError when the arena cannot hold it."""
+    return _arrays.spill(payload, arena, keep, None)
 
 
 _LOADED: dict[bytes, Any] = {}  # a worker's functions that arrived inside calls, by pickle
@@ -329,13 +441,13 @@ def alias_main() -> None:
         sys.modules.setdefault("__mp_main__", main)
 
 
-def encode_result(result: Any, owned: Any = None) -> tuple[bytes, Any]:
-    """A worker's result (see ``_arrays.encode_result``); a chunk's results that
-    ``run_chunk`` packed travel as one buffer (``_numbers``), with no handoffs.  A
-    list is pickled as a list: the caller of a task that returned one gets a list."""
+def encode_result(result: Any, owned: Any = None, spill_at: int = 0) -> tuple[bytes, Any]:
+    """A worker's result (see ``_arrays.encode_result``, and ``spill_at``); a chunk's
+    results that ``run_chunk`` packed travel as one buffer (``_numbers``).  A list is
+    pickled as a list: the caller of a task that returned one gets a list."""
     if type(result) is _numbers.Numbers:
-        return dumps(result), None
-    return _arrays.encode_result(result, owned)
+        return _arrays.spill_result(dumps(result), spill_at)
+    return _arrays.encode_result(result, owned, spill_at)
 
 
 class RemoteTraceback(Exception):

@@ -30,6 +30,7 @@ cdef class DispatchCore:
     cdef bint _circuit_open
     cdef readonly bint torn_down
     cdef object _arena
+    cdef object _memos                 # id(a map's function) -> its chunks' CopyMemo (weak)
     cdef object _hooks
     cdef object _fcond                 # the futures' shared condition (an RLock inside)
     cdef object _flock                 # its lock
@@ -43,7 +44,7 @@ cdef class DispatchCore:
 
     cdef int _acquire(self) except -1
     cdef void _release(self) noexcept
-    cdef Fn _fn(self, object fn)
+    cdef Fn _fn(self, object fn, bint chunk)
     cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items, bint wait)
     cdef object _enqueue(self, Task task, bint wait)
     cdef int _collect_if_free(self) except -2

@@ -32,6 +32,7 @@ cimport cython
 
 import logging
 import threading
+import weakref
 from collections import deque
 from concurrent.futures import _base
 
@@ -51,7 +52,8 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from fastpool import errors
 from fastpool._native._core import ring_limit_error
-from fastpool._runtime import _call
+from fastpool._runtime import _call, _codec
+from fastpool._runtime._arrays import CopyMemo
 from fastpool._runtime._events import Happened, SlotEvent
 
 from fastpool._native._core cimport (
@@ -113,6 +115,8 @@ cdef class DispatchCore:
         self.nslots = nslots
         self._slots = Slots(board, nslots, max_tasks)
         self._fns = Registry(nslots)
+        self._fns.ride_bytes = board.max_record // 2  # the call's own pickle gets the rest
+        self._memos = weakref.WeakValueDictionary()
         self._ledger = Ledger()
         self._queue = deque()
         self._pinned = [deque() for _ in range(nslots)]
@@ -164,9 +168,9 @@ cdef class DispatchCore:
 
     # ---- submit ----------------------------------------------------------------------
 
-    cdef Fn _fn(self, object fn):
+    cdef Fn _fn(self, object fn, bint chunk):
         cdef bint reset = False
-        cdef Fn f = self._fns.get(fn, &reset)
+        cdef Fn f = self._fns.get(fn, chunk, &reset)
         if reset:
             self._slots.forget_functions()
         return f
@@ -178,18 +182,27 @@ cdef class DispatchCore:
         says: asyncio's admission must never block its loop), CircuitOpen."""
         if self._closed:
             raise errors.PoolClosed()
-        cdef Fn f = self._fn(fn)
+        cdef Fn f = self._fn(fn, False)
         cdef Task task = Task.__new__(Task)
-        encode_call(task, args, kwargs, self._arena)
+        encode_call(task, ((fn,) + args) if f.rides else args, kwargs, self._arena)
         return self._submit_task(task, f, options, 0, wait)
 
     def submit_chunk(self, fn, items, bint star, bint wait=True):
         """Queues one map chunk: fn(item) (or fn(*item)) for each item, in a worker."""
         if self._closed:
             raise errors.PoolClosed()
-        cdef Fn f = self._fn(fn)
+        cdef Fn f = self._fn(fn, True)
         cdef Task task = Task.__new__(Task)
-        encode_chunk(task, items, star, self._arena)
+        # One copy into shared memory per array for all the chunks of a map: they share
+        # the memo of its function while any of them is in flight (docs/arrays.md).
+        memo = self._memos.get(id(fn))
+        if memo is None or memo.fn is not fn:
+            memo = CopyMemo(fn)
+            self._memos[id(fn)] = memo
+        if f.rides:
+            encode_call(task, (fn, items, star), {}, self._arena, memo)
+        else:
+            encode_chunk(task, items, star, self._arena, memo)
         return self._submit_task(task, f, None, len(items), wait)
 
     def submit_to(self, int s, fn, tuple args, dict kwargs):
@@ -211,9 +224,14 @@ cdef class DispatchCore:
     cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items, bint wait):
         cdef Py_ssize_t size = PyBytes_GET_SIZE(f.data) + PyBytes_GET_SIZE(task.args)
         if <uint64_t>size > self.board.max_record:
+            # A pickle too large for the ring travels in shared memory, as a large result does.
+            if task.keep is None:
+                task.keep = []
+            task.args = _codec.spill(task.args, self._arena, task.keep)
+            size = PyBytes_GET_SIZE(f.data) + PyBytes_GET_SIZE(task.args)
+        if <uint64_t>size > self.board.max_record:  # a ring smaller than a spilled call's stub
             raise ring_limit_error(f"the call of {f.name!r}", size, self.board.max_record,
-                                   "pass large arrays through shared memory (pool.share) or raise "
-                                   "Pool(ring_bytes=...). Nothing was submitted")
+                                   "raise Pool(ring_bytes=...). Nothing was submitted")
         task.fn = f
         task.options = options
         task.items = items

@@ -99,8 +99,10 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
     cdef int idle = 0
     cdef const char *outp
     cdef Py_ssize_t outn
+    cdef Py_ssize_t spill_at = board.max_record  # a larger result travels in the arena
     encode_exception = _codec.encode_exception
     encode_result = _codec.encode_result
+    spill_result = _arrays.spill_result
     encode_bad_result = _codec.encode_bad_result
     run_chunk = _call.run_chunk
     while True:
@@ -172,10 +174,13 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
             if result is not None:
                 if _atomic(result):
                     out = _dumps(result, 5)
+                if out is not None and PyBytes_GET_SIZE(out) <= spill_at:
+                    pass
                 else:
                     try:
                         # owned_roots first, while serve's local is the result's only holder
-                        out, handed = encode_result(result, owned_roots(result))
+                        out, handed = (spill_result(out, spill_at) if out is not None else
+                                       encode_result(result, owned_roots(result), spill_at))
                         if handed is not None:  # the parent can take them back whatever happens
                             flags = FP_AUX_HANDOFFS
                     except errors.SharedMemoryError as exc:  # the arena is full: say so, as itself

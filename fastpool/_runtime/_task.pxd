@@ -9,6 +9,7 @@ cdef class Fn:
     cdef readonly uint32_t id
     cdef readonly bytes data
     cdef readonly str name
+    cdef readonly bint rides           # it rides in each call (_call.ride): data is ride's
     cdef uint32_t *known
 
 
@@ -60,9 +61,12 @@ cdef class Registry:
     cdef int _nslots
     cdef dict _by_obj                  # by-reference functions -> Fn
     cdef dict _by_data                 # pickle -> Fn
+    cdef dict _riders                  # (name, chunk) -> the Fn of a function that rides
     cdef uint32_t _next
     cdef Py_ssize_t _bytes             # the registry's pickles, in bytes
-    cdef Fn get(self, object fn, bint *reset)
+    cdef public Py_ssize_t ride_bytes  # a function whose pickle is this large rides in its calls
+    cdef Fn get(self, object fn, bint chunk, bint *reset)
+    cdef Fn _entry(self, bytes data, str name, bint *reset)
 
 
 cdef class Ledger:
@@ -88,7 +92,7 @@ cdef object new_future(object disp, object fcond, Task task)
 cdef int settle_future(object fut, object flock, object fcond, object value, object exc,
                       bint cancelled, list later) except -1
 cdef int run_callbacks(list futs) except -1
-cdef int encode_call(Task task, tuple args, dict kwargs, object arena) except -1
-cdef int encode_chunk(Task task, object items, bint star, object arena) except -1
+cdef int encode_call(Task task, tuple args, dict kwargs, object arena, object memo=*) except -1
+cdef int encode_chunk(Task task, object items, bint star, object arena, object memo) except -1
 cdef tuple decode_reply(Task task, object arena)
 cdef int drop_result(bytes payload, object arena, int src) except -1

@@ -28,6 +28,8 @@ class Fn:
     def data(self) -> bytes: ...
     @property
     def name(self) -> str: ...
+    @property
+    def rides(self) -> bool: ...
 
 @disjoint_base
 class Task:
@@ -63,6 +65,7 @@ class Task:
 @disjoint_base
 class Registry:
     def __new__(cls, nslots: int) -> Registry: ...
+    ride_bytes: int
 
 @disjoint_base
 class Ledger:

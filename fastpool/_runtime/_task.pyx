@@ -23,7 +23,7 @@ from libc.stdlib cimport calloc, free
 
 from fastpool import errors
 from fastpool._runtime import _codec
-from fastpool._runtime._call import ChunkFailure
+from fastpool._runtime._call import ChunkFailure, ride, ride_chunk
 
 from fastpool._native._core cimport (
     FP_K_CALL, FP_K_CALLKW, FP_K_CHUNK, FP_K_STARCHUNK, FP_R_ERR, FP_R_OK, FP_R_SKIPPED,
@@ -193,35 +193,57 @@ cdef class Registry:
         self._nslots = nslots
         self._by_obj = {}
         self._by_data = {}
+        self._riders = {}
         self._next = 1
+        self.ride_bytes = 1 << 62
 
-    cdef Fn get(self, object fn, bint *reset):
+    cdef Fn get(self, object fn, bint chunk, bint *reset):
         """fn's entry, made on first sight (raises SerializationError).  *reset is set
         when the registry was full and started afresh: every worker must forget its
-        functions with the next record it gets, and no worker holds any now."""
+        functions with the next record it gets, and no worker holds any now.
+
+        A function that holds arrays crossing through shared memory, or whose pickle
+        is ride_bytes or more, rides in each call (Fn.rides): its entry is that of
+        ``_call.ride`` (``ride_chunk`` for a map ``chunk``), under fn's name, and the
+        caller puts fn in the call's arguments."""
         cdef Fn f = self._by_obj.get(fn)
         if f is not None:
             return f
-        data = _codec.function_bytes(fn)
+        data = _codec.function_bytes(fn, self.ride_bytes)
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        if data is None:
+            key = (name, chunk)
+            f = self._riders.get(key)
+            if f is None:
+                f = self._entry(_codec.function_bytes(ride_chunk if chunk else ride), name, reset)
+                f.rides = True
+                self._riders[key] = f
+            return f
         f = self._by_data.get(data)
         if f is None:
-            if len(self._by_data) >= _fn_max or self._bytes + len(data) > _fn_bytes_max:
-                self._by_obj.clear()
-                self._by_data.clear()
-                self._bytes = 0
-                reset[0] = True
-            f = Fn.__new__(Fn)
-            f.id = self._next
-            self._next += 1
-            f.data = data
-            f.name = getattr(fn, "__qualname__", None) or repr(fn)
-            f.known = <uint32_t *>calloc(self._nslots, sizeof(uint32_t))
-            if f.known == NULL:
-                raise MemoryError()
+            f = self._entry(data, name, reset)
             self._by_data[data] = f
-            self._bytes += len(data)
         if _codec.stable_function(fn):
             self._by_obj[fn] = f
+        return f
+
+    cdef Fn _entry(self, bytes data, str name, bint *reset):
+        if (len(self._by_data) + len(self._riders) >= _fn_max
+                or self._bytes + len(data) > _fn_bytes_max):
+            self._by_obj.clear()
+            self._by_data.clear()
+            self._riders.clear()
+            self._bytes = 0
+            reset[0] = True
+        cdef Fn f = Fn.__new__(Fn)
+        f.id = self._next
+        self._next += 1
+        f.data = data
+        f.name = name
+        f.known = <uint32_t *>calloc(self._nslots, sizeof(uint32_t))
+        if f.known == NULL:
+            raise MemoryError()
+        self._bytes += len(data)
         return f
 
 
@@ -420,9 +442,10 @@ cdef object _fact_text(tuple f):
     return f"{prefix}{f[1].__name__}"
 
 
-cdef int encode_call(Task task, tuple args, dict kwargs, object arena) except -1:
+cdef int encode_call(Task task, tuple args, dict kwargs, object arena, object memo=None) except -1:
     """task.kind and task.args for fn(*args, **kwargs): plain values pickled here,
-    anything else through the codec (arrays as descriptors, pinned in task.keep)."""
+    anything else through the codec (arrays as descriptors, pinned in task.keep;
+    ``memo`` as encode_chunk's)."""
     cdef bint simple = True
     for a in args:
         if not _atomic(a):
@@ -444,9 +467,11 @@ cdef int encode_call(Task task, tuple args, dict kwargs, object arena) except -1
     keep = []
     if kwargs:
         task.kind = FP_K_CALLKW
-        task.args = _codec.encode_args((args, kwargs), args, kwargs, arena, keep)
+        task.args = _codec.encode_args((args, kwargs), args, kwargs, arena, keep, memo)
     else:
-        task.kind, task.args = FP_K_CALL, _codec.encode_args(args, args, kwargs, arena, keep)
+        task.kind, task.args = FP_K_CALL, _codec.encode_args(args, args, kwargs, arena, keep, memo)
+    if memo:
+        keep.append(memo)
     if keep:
         task.keep = keep
         task.transferred = _TRANSFERRED in keep
@@ -455,11 +480,15 @@ cdef int encode_call(Task task, tuple args, dict kwargs, object arena) except -1
     return 0
 
 
-cdef int encode_chunk(Task task, object items, bint star, object arena) except -1:
-    """A map chunk: fn(item) (or fn(*item)) for each of items."""
+cdef int encode_chunk(Task task, object items, bint star, object arena, object memo) except -1:
+    """A map chunk: fn(item) (or fn(*item)) for each of items.  ``memo``: the copies
+    of arrays into shared memory that the map's chunks share (_arrays.CopyMemo),
+    held by every chunk that used one of them."""
     task.kind = FP_K_STARCHUNK if star else FP_K_CHUNK
     keep = []
-    task.args = _codec.encode_args(items, (items,), {}, arena, keep)
+    task.args = _codec.encode_args(items, (items,), {}, arena, keep, memo)
+    if memo:
+        keep.append(memo)
     if keep:
         task.keep = keep
         task.transferred = _TRANSFERRED in keep

@@ -137,16 +137,8 @@ def start(
         except errors.SerializationError as exc:
             _refuse_inherited_only(exc)
             raise
-        if len(init_payload) > board.max_record:
-            from fastpool._native._core import ring_limit_error
-
-            raise ring_limit_error(
-                "initializer and initargs",
-                len(init_payload),
-                board.max_record,
-                "pass large data as shared arrays (they travel by descriptor) or "
-                "raise Pool(ring_bytes=...)",
-            )
+        if len(init_payload) > board.max_record:  # in shared memory, for every worker's start
+            init_payload = _codec.spill(init_payload, arena, keep)
         tel = telemetry.Telemetry()
         disp = _controls.Dispatcher(
             board,
