@@ -45,6 +45,7 @@ cdef class DispatchCore:
     cdef int _acquire(self) except -1
     cdef void _release(self) noexcept
     cdef Fn _fn(self, object fn, bint chunk)
+    cdef Fn _encode_call(self, Task task, object fn, tuple args, dict kwargs)
     cdef object _submit_task(self, Task task, Fn f, object options, Py_ssize_t items, bint wait)
     cdef object _enqueue(self, Task task, bint wait)
     cdef int _collect_if_free(self) except -2

@@ -175,6 +175,12 @@ cdef class DispatchCore:
             self._slots.forget_functions()
         return f
 
+    cdef Fn _encode_call(self, Task task, object fn, tuple args, dict kwargs):
+        # fn's entry, and the call encoded into task: fn among the arguments if it rides
+        cdef Fn f = self._fn(fn, False)
+        encode_call(task, ((fn,) + args) if f.rides else args, kwargs, self._arena)
+        return f
+
     def submit(self, fn, tuple args, dict kwargs, options=None, bint wait=True):
         """Queues fn(*args, **kwargs); returns its PoolFuture.  Raises before
         anything is queued: PoolClosed, SerializationError (naming the bad
@@ -182,9 +188,8 @@ cdef class DispatchCore:
         says: asyncio's admission must never block its loop), CircuitOpen."""
         if self._closed:
             raise errors.PoolClosed()
-        cdef Fn f = self._fn(fn, False)
         cdef Task task = Task.__new__(Task)
-        encode_call(task, ((fn,) + args) if f.rides else args, kwargs, self._arena)
+        cdef Fn f = self._encode_call(task, fn, args, kwargs)
         return self._submit_task(task, f, options, 0, wait)
 
     def submit_chunk(self, fn, items, bint star, bint wait=True):
@@ -215,9 +220,8 @@ cdef class DispatchCore:
             raise errors.PoolClosed()
         if not 0 <= s < self.nslots:
             raise ValueError(f"no worker slot {s}")
-        cdef Fn f = self._fn(fn)
         cdef Task task = Task.__new__(Task)
-        encode_call(task, args, kwargs, self._arena)
+        cdef Fn f = self._encode_call(task, fn, args, kwargs)
         task.pin = s + 1
         return self._submit_task(task, f, None, 0, False)
 
