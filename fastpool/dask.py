@@ -296,14 +296,14 @@ class Executor(cf.Executor):
         ``buffersize`` (else ``window``, else the map engine's window) chunks in
         flight, results in input order.  The same engine as ``fastpool.Pool.map``.
 
-        ``chunksize=None``: from the input's length, ``ceil(n / (8 * cluster
-        threads))`` capped at 8192; without a length it adapts to ~50 ms of work per
-        chunk.  If ``fn`` raises, the results before the failing item are yielded,
-        then the exception is raised.  ``timeout`` counts from this call; on a
-        timeout, or when the iterator is closed early, the chunk waited for and
-        those not done are cancelled.  Raises PoolClosed after ``shutdown``,
-        ValueError/TypeError for a bad chunksize or buffersize.  Thread-safe to
-        call; each iterator belongs to one thread."""
+        ``chunksize=None``: the first chunks hold FIRST_CHUNKSIZE items, one per
+        cluster thread; then each aims at ~50 ms of work (at most 8192 items), as
+        ``fastpool.Pool.map``'s do at 2 ms (docs/tuning.md).  If ``fn`` raises, the
+        results before the failing item are yielded, then the exception is raised.
+        ``timeout`` counts from this call; on a timeout, or when the iterator is
+        closed early, the chunk waited for and those not done are cancelled.  Raises
+        PoolClosed after ``shutdown``, ValueError/TypeError for a bad chunksize or
+        buffersize.  Thread-safe to call; each iterator belongs to one thread."""
         return self._map(fn, iterables, timeout, chunksize, buffersize, None, ordered=True)
 
     def imap_unordered(

@@ -215,6 +215,59 @@ def cooperative(seconds: float, started: str | None = None) -> str:
     return "ran to the end"
 
 
+# ---- long map items that show where the map engine put them (issue 31) ------------------
+
+
+def hand_on(i: int, directory: str, n: int, long_s: float, limit_s: float = 10.0) -> tuple:
+    """Item ``i`` of a map of ``n`` long items: marks itself started, runs ``long_s``
+    (what makes it long: the engine measures items by their run time), then holds its
+    worker until item ``i + 1`` has started (the last item does not wait).  Returns
+    (i, pid, whether item i + 1 started within ``limit_s``).
+
+    Item i + 1 can only start on another worker while item i holds this one, so a map
+    returns True everywhere only if no two consecutive items shared a chunk or one
+    waited in a busy worker's queue while the other worker was free.  A map that fails
+    it says so in its results, after ``limit_s`` once: the first item that gives up
+    leaves a ``stalled`` file, and the items after it no longer wait (None: not checked)."""
+    open(os.path.join(directory, f"started-{i}"), "w").close()
+    time.sleep(long_s)
+    stalled = os.path.join(directory, "stalled")
+    if i == n - 1:
+        return i, os.getpid(), True
+    if os.path.exists(stalled):
+        return i, os.getpid(), None
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(os.path.join(directory, f"started-{i + 1}")):
+        if time.monotonic() > deadline or os.path.exists(stalled):
+            open(stalled, "w").close()
+            return i, os.getpid(), False
+        time.sleep(0.002)
+    return i, os.getpid(), True
+
+
+def star_hand_on(args: tuple) -> tuple:
+    """``hand_on(*args)``: for maps of one iterable."""
+    return hand_on(*args)
+
+
+def held_until_the_rest_ran(i: int, directory: str, n: int, long_s: float) -> tuple:
+    """Item ``i`` of a map of ``n`` long items: item 0 holds its worker until items 1
+    to n - 1 have all ended (at most 10 s), the others run ``long_s`` and mark
+    themselves ended.  Returns (i, pid, whether item 0 saw the rest end).  With two
+    workers the rest can only run on the other one: a map whose engine gives that
+    worker more only when the consumer has taken item 0 stalls."""
+    if i:
+        time.sleep(long_s)
+        open(os.path.join(directory, f"ended-{i}"), "w").close()
+        return i, os.getpid(), True
+    deadline = time.monotonic() + 10.0
+    while len(os.listdir(directory)) < n - 1:
+        if time.monotonic() > deadline:
+            return i, os.getpid(), False
+        time.sleep(0.002)
+    return i, os.getpid(), True
+
+
 # ---- side effects a test can count (issue 9: no task runs twice) ---------------------
 
 

@@ -437,12 +437,19 @@ class AsyncMap(Generic[R]):
         """The next settled chunk: the head (ordered) or any (ordered=False)."""
         landing = self._landing
         assert landing is not None
-        pending = self._run.pending
+        run = self._run
+        pending = run.pending
         while True:
             if self._ordered:
                 head = pending[0]
                 if head.done():
                     return head
+                if run.first_round and run.settled:
+                    # a chunk that is not the head settled: it sizes the window (one chunk
+                    # per worker until now), so a worker done with its chunk gets more
+                    run.observe()
+                    await self._fill()
+                    continue
             else:
                 while landing.landed:
                     fut = landing.landed.popleft()

@@ -37,7 +37,28 @@ from fastpool._runtime import _arrays, _numbers
 from fastpool._runtime._call import ChunkFailure, TaskFunction
 
 MAX_CHUNKSIZE = 8192
-CHUNKS_PER_WORKER = 8  # a sized input: each worker gets about this many chunks
+# How a map without a chunksize sizes its chunks (``next_size``; docs/tuning.md, "How a map
+# cuts its input").  Nothing is known of an item's cost until a chunk comes back, and a
+# chunk of long items put on one worker while another waits is time lost for good (issue
+# 31: 20 items of 0.2 s cut into chunks of 4 ran 12 on one worker and 8 on the other,
+# 2.6 s for 2.0 s of compute).  So a map first sends one chunk of ``first_chunksize``
+# items (1 in a Pool) per worker, and nothing more until one of them settles: joblib's
+# auto-batching starts at one item too.  Then each chunk is aimed at ``target_chunk_s`` of
+# work by the latest measured time per item, growing at most GROWTH times the largest
+# chunk measured so far (a few cheap first items do not make the next chunk huge: a chunk
+# of 1 item measures mostly the per-chunk cost, which keeps the aim low while it grows),
+# and shrinking as soon as two of the latest RECENT measures agree (the lower median: a
+# worker preempted for a few milliseconds under load makes one chunk look slow, and each
+# smaller chunk costs a round trip).
+GROWTH = 8
+RECENT = 3
+# With a length, a chunk also holds at most remaining / (GUIDED_PER_WORKER * workers) items
+# (OpenMP's guided schedule: chunks shrink as the work runs out, so the last ones cannot
+# leave a worker waiting long), but it never shrinks below the size aimed at
+# target_chunk_s / TAIL_FRACTION: a chunk that short cannot unbalance the end, and a
+# thousand-item tail of one-item chunks would cost a round trip each.
+GUIDED_PER_WORKER = 2
+TAIL_FRACTION = 4
 PROGRESS_CHUNKS_PER_WORKER = 100  # with a progress bar: it moves in steps of <= 1%
 WINDOW_ITEMS = 32768  # a map keeps about this many small items in flight...
 # ...or this many when they travel compact (packed numbers, slices of a 1-D ndarray: a
@@ -61,14 +82,14 @@ WINDOW_BYTES = 128 << 20
 class Sizing(NamedTuple):
     """How a target wants a map's chunks sized.
 
-    ``workers``: how many chunks it runs at once.  ``first_chunksize``: the chunk
-    size for an input without a length, before any chunk was timed.
+    ``workers``: how many chunks it runs at once.  ``first_chunksize``: the size of
+    the first chunks, one per worker, sent before any chunk was timed.
     ``target_chunk_s``: the run time per chunk an adaptive size aims at (what one
     chunk's round trip costs decides it: microseconds in a Pool, milliseconds
     for a Dask task)."""
 
     workers: int
-    first_chunksize: int = 4
+    first_chunksize: int = 1
     target_chunk_s: float = 0.002
 
 
@@ -121,31 +142,41 @@ class Chunks:
     bools, NumPy scalars) is packed into one buffer per chunk (``_numbers``)
     without slicing it; a list, tuple, range or ndarray is sliced (an ndarray
     chunk travels as one array, not a list of scalars); anything else is read
-    with islice.  ``size`` adapts to measured run time when the input has no
-    length and no chunksize was given."""
+    with islice.  Without a chunksize, ``next_size`` sizes each chunk from what
+    ``observed`` was told (``adaptive``)."""
 
     def __init__(
         self, iterables: tuple, chunksize: int | None, sizing: Sizing, bar: bool = False
     ) -> None:
-        self.adaptive = False
+        self.adaptive = chunksize is None
+        self.workers = sizing.workers
         self.target_s = sizing.target_chunk_s
+        self.cap = MAX_CHUNKSIZE
+        self.left: int | None = None  # items not cut yet, when the input has a length
+        self.per_item: float | None = None  # seconds: the lower median of ``recent``
+        self.recent: deque[float] = deque(maxlen=RECENT)  # per item, the latest measures
+        self.grown = 0  # the most items a measured chunk held
+        self.settled = False  # a chunk has settled: the first ones are no longer all there is
         if chunksize is None:
+            chunksize = sizing.first_chunksize
             try:
-                n = min(len(x) for x in iterables)
-                # with a progress bar, chunks small enough that it counts items as they finish
-                per_worker = PROGRESS_CHUNKS_PER_WORKER if bar else CHUNKS_PER_WORKER
-                chunksize = max(1, min(MAX_CHUNKSIZE, math.ceil(n / (sizing.workers * per_worker))))
+                self.left = min(len(x) for x in iterables)
             except TypeError:
-                chunksize, self.adaptive = sizing.first_chunksize, True
-        self.size: int = chunksize
+                pass
+            else:
+                if bar:  # chunks small enough that the bar counts items as they finish
+                    per_bar = math.ceil(self.left / (sizing.workers * PROGRESS_CHUNKS_PER_WORKER))
+                    self.cap = max(1, min(MAX_CHUNKSIZE, per_bar))
+        self.size: int = min(chunksize, self.cap) if self.adaptive else chunksize
         self.pos = 0
         seq = iterables[0] if len(iterables) == 1 else None
         self.seq = seq if type(seq) in (list, tuple, range) or _arrays.is_ndarray(seq) else None
         self.numbers = type(seq) is list  # until a chunk of it does not pack
-        self.first = _numbers.pack(seq, 0, chunksize) if self.numbers else None
         # what travels is a few bytes per item: packed numbers, or slices of a 1-D ndarray
         # (a row of a 2-D one may weigh anything)
-        self.compact = self.first is not None or (_arrays.is_ndarray(seq) and seq.ndim == 1)
+        self.compact = (self.numbers and _numbers.pack(seq, 0, _numbers.MIN_ITEMS) is not None) or (
+            _arrays.is_ndarray(seq) and seq.ndim == 1
+        )
         self.it = (
             None
             if self.seq is not None
@@ -154,34 +185,72 @@ class Chunks:
 
     def next(self) -> Any:
         """The next chunk, or None once the input is exhausted."""
+        if self.adaptive and self.settled:
+            self.size = next_size(
+                self.per_item, self.grown, self.target_s, self.left, self.workers, self.cap
+            )
         if self.seq is not None:
             start = self.pos
             self.pos += self.size
+            if self.left is not None:
+                self.left = max(0, len(self.seq) - self.pos)
             if self.numbers:
-                packed, self.first = self.first, None  # the first chunk was packed already
-                if packed is None:
-                    packed = _numbers.pack(self.seq, start, self.pos)
+                packed = _numbers.pack(self.seq, start, self.pos)
                 if packed is not None:
                     return packed
                 # a chunk of MIN_ITEMS or more that did not pack: stop trying
-                self.numbers = len(self.seq) - start < _numbers.MIN_ITEMS
+                self.numbers = min(self.pos, len(self.seq)) - start < _numbers.MIN_ITEMS
             chunk = self.seq[start : self.pos]
             return chunk if len(chunk) else None
         chunk = list(islice(self.it, self.size))  # type: ignore[arg-type]
+        if self.left is not None:
+            self.left = max(0, self.left - len(chunk))
         return chunk or None
 
-    def measured(self, items: int, run_s: float | None) -> None:
-        """A chunk of ``items`` items ran ``run_s`` seconds: aim the next at target_s."""
-        if self.adaptive and items and run_s is not None:
-            self.size = aimed_size(items, run_s, self.target_s)
+    def observed(self, items: int, run_s: float | None) -> None:
+        """A chunk of ``items`` items settled, having run ``run_s`` seconds (None: not
+        known, or it failed: it ends the first round without a measure)."""
+        self.settled = True
+        if items and run_s is not None:
+            self.recent.append(max(run_s / items, 1e-9))
+            self.per_item = sorted(self.recent)[(len(self.recent) - 1) // 2]
+            self.grown = max(self.grown, items)
 
 
 def aimed_size(items: int, run_s: float, target_s: float) -> int:
     """The chunk size that runs about ``target_s`` seconds, from a chunk of ``items``
     items that ran ``run_s`` seconds: the one rule for adaptive chunk sizes (a map's
-    chunks here, the joblib backend's batches), between 1 and MAX_CHUNKSIZE."""
+    chunks through ``next_size``, the joblib backend's batches), between 1 and
+    MAX_CHUNKSIZE."""
     per_item = max(run_s / max(items, 1), 1e-9)
     return int(min(MAX_CHUNKSIZE, max(1, target_s / per_item)))
+
+
+def next_size(
+    per_item: float | None,
+    grown: int,
+    target_s: float,
+    left: int | None,
+    workers: int,
+    cap: int = MAX_CHUNKSIZE,
+) -> int:
+    """The size of a map's next chunk (no chunksize given), once a chunk has settled.
+
+    ``per_item``: seconds an item runs, as measured (Chunks passes the lower median of
+    the latest RECENT chunks; None: none was measured: the size stays 1); ``grown``:
+    the most items a measured chunk held; ``left``: the items not cut yet (None: no
+    length).  Aims at ``target_s`` of work, grows at most GROWTH times ``grown``, holds
+    at most ``left / (GUIDED_PER_WORKER * workers)`` items unless that runs under
+    ``target_s / TAIL_FRACTION``, at most ``cap``, at least 1.  A pure function: the
+    whole policy, for tests and docs."""
+    if per_item is None:
+        return 1
+    aimed = aimed_size(1, per_item, target_s)
+    size = min(aimed, GROWTH * max(grown, 1), cap)
+    if left is not None:
+        guided = math.ceil(left / (GUIDED_PER_WORKER * max(workers, 1)))
+        size = min(size, max(guided, aimed / TAIL_FRACTION))
+    return max(1, int(size))
 
 
 def outcome(value: Any) -> tuple[list, BaseException | None]:
@@ -219,14 +288,23 @@ class MapRun:
         self.fn = fn.fn if type(fn) is TaskFunction else fn
         self.star = len(iterables) > 1
         self.chunks = Chunks(iterables, chunksize, sizing, bar)
+        self.workers = sizing.workers
+        self.buffersize = buffersize
         self.window = buffersize or window(sizing.workers, self.chunks.size, self.chunks.compact)
+        if self.chunks.adaptive and buffersize is None:
+            self.window = sizing.workers  # the first round: one chunk per worker
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.pending: deque[Future] = deque()  # submitted, not taken (submission order)
         self.exhausted = False
         self.min_window = min(self.window, sizing.workers + 1)  # what WINDOW_BYTES leaves
+        # adaptive sizes: each chunk's item count until it settles; the settled, not yet
+        # observed (a done-callback appends, on whichever thread settles the chunk)
+        self.items: dict[Future, int] = {}
+        self.settled: deque[Future] = deque()
         self.nbytes: dict[Future, int] = {}  # the array bytes of each pending chunk that has any
         self.pending_bytes = 0
         self._chunk_bytes = 0  # of the chunk next_chunk returned, until sent() names its future
+        self._chunk_items = 0  # the same chunk's length
         self.on_submit: Callable[[Future], None] | None = None
         # told how many items went out once the stream ends, however (a bar's close)
         self.on_end: Callable[[int], None] | None = None
@@ -248,10 +326,14 @@ class MapRun:
             self.exhausted = True
         else:
             self._chunk_bytes = _arrays.array_bytes(chunk)
+            self._chunk_items = len(chunk)
         return chunk
 
     def sent(self, fut: Future) -> None:
         self.pending.append(fut)
+        if self.chunks.adaptive:
+            self.items[fut] = self._chunk_items
+            fut.add_done_callback(self.settled.append)
         if self._chunk_bytes:
             self.nbytes[fut] = self._chunk_bytes
             self.pending_bytes += self._chunk_bytes
@@ -287,11 +369,44 @@ class MapRun:
         else:
             self.pending.remove(fut)
         self.pending_bytes -= self.nbytes.pop(fut, 0)
-        value = fut.result(0)  # raises the chunk's own failure (a crash, a timeout...)
-        results, error = outcome(value)
         if self.chunks.adaptive:
-            self.chunks.measured(len(results), self.target._chunk_seconds(fut))
-        return results, error
+            self.observe()
+        value = fut.result(0)  # raises the chunk's own failure (a crash, a timeout...)
+        return outcome(value)
+
+    @property
+    def first_round(self) -> bool:
+        """Sizing adaptively, and no chunk has settled yet: one chunk per worker is out."""
+        return self.chunks.adaptive and not self.chunks.settled
+
+    def observe(self) -> None:
+        """Tells the chunk sizes what every chunk settled since the last call ran, and
+        sizes the window: one chunk per worker until the first settles, then
+        ``window`` for the chunk size now (unless ``buffersize`` fixed it)."""
+        chunks = self.chunks
+        while self.settled:
+            fut = self.settled.popleft()
+            items = self.items.pop(fut, 0)
+            # a cancelled chunk, or one whose run time is not known, measures nothing
+            run_s = None if fut.cancelled() else self.target._chunk_seconds(fut)
+            chunks.observed(items, run_s or None)
+        if chunks.settled and self.buffersize is None:
+            size, aimed = (
+                next_size(
+                    chunks.per_item, g, chunks.target_s, chunks.left, self.workers, chunks.cap
+                )
+                for g in (chunks.grown, MAX_CHUNKSIZE)
+            )
+            # While the size still grows, a few chunks in flight: a full window of small
+            # ones would all be cut at a size the next measure has outgrown.
+            # Counted for the largest size measured: a size that shrank for a while keeps
+            # the window it had, not one of many more small chunks.
+            growing = size < aimed
+            self.window = (
+                2 * self.workers + 2
+                if growing
+                else window(self.workers, max(size, chunks.grown), chunks.compact)
+            )
 
     def cancel_pending(self, cancel: Callable[[Future], Any] | None = None) -> None:
         """Cancels every chunk not taken (those not started never run), with
@@ -299,6 +414,7 @@ class MapRun:
         pending, self.pending = self.pending, deque()
         self.exhausted = True
         self.nbytes.clear()
+        self.items.clear()
         self.pending_bytes = 0
         for fut in pending:
             if not fut.done():
@@ -355,6 +471,13 @@ def _stream(run: MapRun, next_settled: Callable[[], Future]) -> Iterator[list]:
 
 def _head(run: MapRun) -> Future:
     head = run.pending[0]
+    # Until a first chunk settles, a window of one chunk per worker is all there is: a
+    # worker done with its chunk must not wait for the head's to get more, so any chunk
+    # that settles sizes the next ones and refills the window.
+    while run.first_round and not head.done():
+        run.target._wait_any(run.pending, run.settled, run.left())
+        run.observe()
+        run.feed()
     head.result(run.left())  # waits; the head stays pending, so a timeout cancels it
     return head
 

@@ -122,12 +122,6 @@ EXPECTED_FAILURES: dict[str, str] = {
         "map() with no iterable raises TypeError, as the builtin map() does; Executor.map "
         "returns an empty iterator"
     ),
-    "ProcessPoolExecutorTest.test_map_buffersize_when_buffer_is_full": (
-        "buffersize counts chunks, as ProcessPoolExecutor's does, but chunksize=None picks "
-        "chunks of several items (4 at first for an input without a length), so "
-        "buffersize=2 reads all 4 items where ProcessPoolExecutor (chunksize=1) reads 2; "
-        "with chunksize=1 it reads 2"
-    ),
     "ExecutorDeadlockTest.test_error_at_task_pickle": (
         "a call that cannot be pickled raises SerializationError (a PicklingError) from "
         "submit(), and nothing is queued; the test expects a future failing later"
