@@ -249,7 +249,8 @@ def next_size(
     size = min(aimed, GROWTH * max(grown, 1), cap)
     if left is not None:
         guided = math.ceil(left / (GUIDED_PER_WORKER * max(workers, 1)))
-        size = min(size, max(guided, aimed / TAIL_FRACTION))
+        tail = target_s / TAIL_FRACTION / max(per_item, 1e-9)  # not capped at MAX_CHUNKSIZE
+        size = min(size, max(guided, tail))
     return max(1, int(size))
 
 

@@ -45,6 +45,12 @@ def test_with_a_length_chunks_shrink_as_the_work_runs_out() -> None:
     assert _mapper.next_size(0.2, 1000, 0.002, 3, 2) == 1
 
 
+def test_tiny_items_keep_full_chunks_to_the_end() -> None:
+    # 8192 items of 45 ns run 0.37 ms: a quarter of the 2 ms target holds 11,111 of
+    # them, more than the largest chunk, so the guided tail never cuts them smaller
+    assert _mapper.next_size(45e-9, 8192, 0.002, 20_000, 2) == _mapper.MAX_CHUNKSIZE
+
+
 def test_a_progress_bar_caps_the_chunk() -> None:
     assert _mapper.next_size(1e-8, 8192, 0.002, None, 2, cap=50) == 50
 
