@@ -33,7 +33,6 @@ Sending ``__main__`` functions by value lets scripts and notebooks work without 
 
 from __future__ import annotations
 
-import functools
 import linecache
 import pickle
 import re
@@ -220,7 +219,13 @@ def _encode_by_value(
         return _arrays.encode(_Sourced(fn), None, None, pickler=_cloud_array_pickler(probe))[0]
     _ENCODING.add(id(fn))
     try:
-        pickler = functools.partial(_cloud_pickler(), top=fn)
+        cls = _cloud_pickler()
+
+        def pickler(*args: Any) -> Any:
+            p = cls(*args)
+            p.top = fn
+            return p
+
         return _arrays.encode(_Sourced(fn), arena, keep, pickler=pickler, memo=memo)[0]
     finally:
         _ENCODING.discard(id(fn))
@@ -309,11 +314,7 @@ class CallPickler(_arrays.ArrayPickler):
     sits, travels as its ``function_bytes``, or, when it holds arrays, by value in
     this pickle with its arrays as descriptors; arrays as descriptors (``_arrays``)."""
 
-    top: Any  # the function being pickled by value, which no rule may send again
-
-    def __init__(self, *args: Any, top: Any = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.top = top
+    top: Any = None  # the function being pickled by value, which no rule may send again
 
     def reducer_override(self, obj: Any) -> Any:
         if (
