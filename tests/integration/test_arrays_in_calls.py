@@ -92,6 +92,7 @@ def _layouts() -> dict:
         "np.matrix": np.asmatrix(base),
         "np.ma.MaskedArray": masked,
         "big-endian int32": np.arange(N, dtype=">i4"),
+        "a user subclass": np.arange(N, dtype=np.float64).view(_arrays.Tagged),
     }
 
 
@@ -106,6 +107,16 @@ def test_a_bound_array_keeps_its_class_layout_and_flags(pool, name):
         assert got["masked"] == want["masked"]
     else:
         assert got["shared"], got
+
+
+def test_the_mp_drop_in_maps_a_partial_over_a_50_mb_array():
+    """Issue 31, item 6: it failed with SerializationError (the pickle over 32 MiB)."""
+    import fastpool.mp
+
+    arr = np.ones(50_000_000 // 8)
+    with fastpool.mp.Pool(2) as pool:
+        got = pool.map(functools.partial(_arrays.described, arr), range(4))
+    assert all(g["shared"] and g["checksum"] == arr.size for g in got)
 
 
 def test_an_object_array_bound_into_a_function_is_pickled_as_before(pool):
