@@ -321,3 +321,10 @@ def stored_len() -> int:
 
 class Tagged(np.ndarray):
     """A user's ndarray subclass with no pickling of its own: NumPy pickles it as an array."""
+
+
+def sparse_data(matrix, *_ignored: Any) -> dict:
+    """``described`` of a scipy.sparse matrix's ``.data``, and the matrix's sum."""
+    out = described(matrix.data)
+    out["sum"] = float(matrix.sum())
+    return out

@@ -119,6 +119,17 @@ def test_the_mp_drop_in_maps_a_partial_over_a_50_mb_array():
     assert all(g["shared"] and g["checksum"] == arr.size for g in got)
 
 
+def test_a_sparse_matrix_bound_into_a_function_crosses_its_data_shared_and_writeable(pool):
+    """The issue's case: loky hands ``.data`` over as a read-only memmap; fastpool as a
+    private copy in shared memory, writeable as the caller's is (docs/arrays.md)."""
+    sparse = pytest.importorskip("scipy.sparse")
+    matrix = sparse.random(2000, 2000, density=0.02, format="csr", random_state=0)
+    assert matrix.data.nbytes >= 64 << 10
+    got = pool.submit(functools.partial(_arrays.sparse_data, matrix)).result(timeout=RESULT_S)
+    assert got["shared"] and got["writeable"]
+    assert got["sum"] == pytest.approx(float(matrix.sum()))
+
+
 def test_an_object_array_bound_into_a_function_is_pickled_as_before(pool):
     arr = np.array([{"a": i} for i in range(20_000)], dtype=object)
     got = pool.submit(functools.partial(_arrays.objects_of, arr)).result(timeout=RESULT_S)
