@@ -184,6 +184,18 @@ def test_a_worker_that_dies_holding_a_bound_array_leaves_no_block(pool):
     wait_live_blocks(pool, baseline)
 
 
+def test_a_call_killed_by_its_timeout_holding_a_bound_array_leaves_no_block(tmp_path):
+    with fastpool.Pool(1, task_timeout=1.0) as pool:
+        wait_workers_ready(pool)
+        baseline = live_blocks(pool)
+        held = functools.partial(_arrays.held_until, np.ones(N))
+        fut = pool.submit(held, str(tmp_path / "never"))
+        with pytest.raises(fastpool.TaskTimeout):
+            fut.result(timeout=RESULT_S)
+        del fut
+        wait_live_blocks(pool, baseline)
+
+
 def test_a_cancelled_queued_call_with_a_bound_array_leaves_no_block(pool, tmp_path):
     import _tasks
 
