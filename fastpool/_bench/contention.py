@@ -47,7 +47,9 @@ BATCH_SLICES = 32
 BATCH_SETTLE_S = 0.5
 BATCH_PROCESSES = 2  # a 2 GiB batch takes tens of seconds a process: the section's longest rows
 PROCESSES = 3
-# --quick: about a minute on two cores
+# --quick (--section contention --quick): about 100 s on two cores, quiet (the whole
+# quick run took 154 s with this section and 52 s without it, at de36218): not in --quick
+# alone, which runs the quiet section
 QUICK = {
     "calls": 50,
     "rounds": 2,

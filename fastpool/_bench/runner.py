@@ -155,6 +155,8 @@ def _timed(case: Case, peer: _peers.Peer) -> Result:
     if case.check is not None:
         case.check(out)
     del out
+    if case.first:
+        return _first(case, call, first_s, result, peer)
     for _ in range(max(0, case.warmup - 1) + (case.calls if case.kind == "latency" else 0)):
         call()  # a latency round's worth too: the first calls find caches and spinners cold
     if case.kind == "latency":
@@ -166,13 +168,7 @@ def _timed(case: Case, peer: _peers.Peer) -> Result:
         while time.perf_counter() - t0 < LATENCY_SETTLE_S:
             call()
         for _ in range(case.rounds):
-            lat = []
-            for _ in range(case.calls):
-                t0 = time.perf_counter()
-                call()
-                lat.append(time.perf_counter() - t0)
-            result.rounds.append(statistics.median(lat))
-            result.samples.extend(lat)
+            _latency_round(call, case.calls, result)
     else:
         # Calls shorter than ROUND_MIN_S are repeated within a round (timeit's calibration):
         # one 300 us call is at the mercy of a single scheduler tick.  First a round's worth
@@ -201,6 +197,39 @@ def _timed(case: Case, peer: _peers.Peer) -> Result:
         result.extra.update(peak_memory(call, case.memory_repeat))
     result.extra["start_method"] = peer.start_method
     return result
+
+
+def _latency_round(call: Callable[[], Any], calls: int, result: Result) -> None:
+    """``calls`` calls, each timed: their median is the round, all kept for the p99."""
+    lat = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        call()
+        lat.append(time.perf_counter() - t0)
+    result.rounds.append(statistics.median(lat))
+    result.samples.extend(lat)
+
+
+def _first(
+    case: Case, call: Callable[[], Any], first_s: float, result: Result, peer: _peers.Peer
+) -> Result:
+    """A "first moments" row: the pool as a short script meets it, timed at once after the
+    warm-up that saw every worker answer (open_peer), with no settle: a latency row's one
+    round of ``case.calls`` calls right after its first call, a rounds row's first call."""
+    if case.kind == "latency":
+        _latency_round(call, case.calls, result)
+    else:
+        result.rounds.append(first_s)
+    result.extra["start_method"] = peer.start_method
+    return result
+
+
+def _unavailable(case: Case) -> str | None:
+    """Why a fresh case's peer cannot run here; None for a row that is no peer of
+    peers.py (the spawn reference, a workload's library: its call says so itself)."""
+    if case.peer == SPAWN_REFERENCE or case.peer not in _peers.ALL_PEERS:
+        return None
+    return _peers.available(case.peer)
 
 
 def _group(case: Case) -> tuple[str, int, str]:
@@ -259,7 +288,7 @@ def _run_here(
                 on_case(done, len(cases), case)
             done += 1
             try:
-                unavailable = None if case.peer == SPAWN_REFERENCE else _peers.available(case.peer)
+                unavailable = _unavailable(case)
                 if unavailable:
                     raise _peers.PeerUnavailable(unavailable)
                 by_case[i] = _fresh(case)
@@ -318,7 +347,7 @@ def run(
                 on_case(done, steps, case)
             done += 1
             try:
-                unavailable = None if case.peer == SPAWN_REFERENCE else _peers.available(case.peer)
+                unavailable = _unavailable(case)
                 if unavailable:
                     raise _peers.PeerUnavailable(unavailable)
                 _merge(merged[i], _fresh(case, 1))

@@ -52,13 +52,15 @@ BURST_TASKS = 40
 BURST_TASK_S = 0.1
 # peers whose map has a default chunk size worth a row: PPE and loky default to 1 item
 DEFAULT_CHUNK_PEERS = ("fastpool", "mp.Pool")
-# --quick: the quiet section under a minute on two cores with every peer installed (52 s
-# measured quiet at the round trip's 0.5 s settle; 154 s with the contention section)
+# --quick: the quiet section alone, 2 processes per peer, the round trip with 2 workers only,
+# arrays of 16 MiB only, no cold-pool bursts: about 30 s on two cores (see --quick's help)
 QUICK_SUBMITS = 1_000
-QUICK_MAP_ITEMS = 50_000
+QUICK_MAP_ITEMS = 20_000
 QUICK_CHUNKSIZES = (1000, 5000)
-QUICK_SIZES_MIB = (1, 16)
+QUICK_SIZES_MIB = (16,)
 QUICK_LATENCY_CALLS = 600
+
+FIRST = ", first moments (right after the pool's first results, no settle)"
 
 IN_PROCESS = "in-process"
 SPAWN_REFERENCE = "mp spawn + import numpy"
@@ -246,6 +248,9 @@ class Case:
     process_group: str = ""
     processes: int | None = None
     value_unit: str = ""  # kind "value": what the rounds hold ("CPU s/s", "MiB")
+    # "first moments": timed at once after its pool's warm-up, no settle, one round a
+    # process (runner._first); the first row of its process group, so its pool is fresh
+    first: bool = False
 
     @property
     def label(self) -> str:
@@ -258,16 +263,45 @@ class Case:
 
 
 def _hop(peers: list[str], workers: int, calls: int, rounds: int) -> list[Case]:
+    """The round trip at both moments: right after the pool's first results (FIRST, one
+    round in each fresh process, the first row of each) and settled."""
+    cases = []
+    for p in peers:
+        if p not in TASK_PEERS:
+            continue
+        for first in (True, False):
+            cases.append(
+                Case(
+                    f"hop-{workers}w" + ("-first" if first else ""),
+                    hop_group(workers) + (FIRST if first else ""),
+                    p,
+                    workers=workers,
+                    kind="latency",
+                    build=round_trip,
+                    rounds=1 if first else rounds,
+                    calls=calls // rounds,
+                    first=first,
+                )
+            )
+    return cases
+
+
+def _submits_first(peers: list[str], workers: int, submits: int) -> list[Case]:
+    """The submits row right after the pool's first results: a process group of its own,
+    so that its pool has run nothing but the warm-up."""
     return [
         Case(
-            f"hop-{workers}w",
-            hop_group(workers),
+            "submits-first",
+            submits_group(submits, workers) + FIRST,
             p,
             workers=workers,
-            kind="latency",
-            build=round_trip,
-            rounds=rounds,
-            calls=calls // rounds,
+            build=lambda peer, n=submits: submit_many(peer, n),
+            check=lambda got, n=submits: _expect(got, n),
+            ops=submits,
+            unit="tasks/s",
+            rounds=1,
+            first=True,
+            process_group="first",
         )
         for p in peers
         if p in TASK_PEERS
@@ -439,7 +473,7 @@ def _start(peers: list[str], workers: int, runs: int, burst_runs: int) -> list[C
             ),
         )
         for p in peers
-        if p in TASK_PEERS
+        if p in TASK_PEERS and burst_runs
     ]
     return cases
 
@@ -448,7 +482,7 @@ def _expect(got: Any, want: Any) -> None:
     assert got == want, f"got {got!r}, expected {want!r}"
 
 
-SECTIONS = ("all", "quiet", "contention")
+SECTIONS = ("all", "quiet", "contention", "workloads")
 
 
 def catalog(
@@ -463,17 +497,23 @@ def catalog(
 
     ``workers``: the pool size of every scenario but the 1-worker hop and the contention rows.
     ``section``: "quiet" (the machine as it is), "contention" (contention.py: the load the
-    bench makes itself, idle cost and a batch's memory) or "all", the quiet rows first.
+    bench makes itself, idle cost and a batch's memory), "workloads" (workloads.py: batch
+    jobs as each library's users write them, every library installed) or "all": quiet,
+    contention, workloads.
     ``batch_mib``: the contention batch's array (default: contention.batch_mib()).
     ``only``: keep the scenarios whose id contains one of its comma-separated words."""
     if section not in SECTIONS:
         raise ValueError(f"section {section!r}: one of {', '.join(SECTIONS)}")
     peers = [p for p in peers if p != IN_PROCESS]  # it joins the array rows by itself
-    cases = _quiet(peers, quick, workers) if section != "contention" else []
-    if section != "quiet":
+    cases = _quiet(peers, quick, workers) if section in ("all", "quiet") else []
+    if section in ("all", "contention"):
         from fastpool._bench import contention  # it builds on this module's Case and calls
 
         cases += contention.cases(peers, quick, batch_mib)
+    if section in ("all", "workloads"):
+        from fastpool._bench import workloads
+
+        cases += workloads.cases("quick" if quick else "full", workers)
     if only:
         words = [w.strip() for w in only.split(",") if w.strip()]
         cases = [c for c in cases if any(w in c.scenario for w in words)]
@@ -482,12 +522,14 @@ def catalog(
 
 def _quiet(peers: list[str], quick: bool, workers: int) -> list[Case]:
     hops = sorted({1, workers})
-    if quick:
-        cases = [c for w in hops for c in _hop(peers, w, QUICK_LATENCY_CALLS, 3)]
+    if quick:  # the round trip at the run's pool size only: a process less per peer
+        cases = _hop(peers, workers, QUICK_LATENCY_CALLS, 3)
+        cases += _submits_first(peers, workers, QUICK_SUBMITS)
         cases += _throughput(peers, workers, QUICK_SUBMITS, QUICK_MAP_ITEMS, QUICK_CHUNKSIZES, 3)
-        cases += _arrays(peers, workers, QUICK_SIZES_MIB, True) + _start(peers, workers, 1, 1)
+        cases += _arrays(peers, workers, QUICK_SIZES_MIB, True) + _start(peers, workers, 1, 0)
     else:
         cases = [c for w in hops for c in _hop(peers, w, LATENCY_CALLS, 10)]
+        cases += _submits_first(peers, workers, SUBMITS)
         cases += _throughput(peers, workers, SUBMITS, MAP_ITEMS, CHUNKSIZES, 5)
         # a first pool's start varies by a tenth from one process to the next on a busy
         # machine: 10 processes (as many as the rounds rows), the bursts (seconds each) 3

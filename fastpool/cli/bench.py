@@ -1,6 +1,6 @@
 """``python -m fastpool bench``: fastpool against the installed peers, or your own function.
 
-    python -m fastpool bench [--quick] [--section all|quiet|contention] [--batch-mib MIB]
+    python -m fastpool bench [--quick] [--section all|quiet|contention|workloads] [--batch-mib MIB]
                              [--peers mp,ppe,loky,joblib] [--json out.json]
                              [--plot [out.png]] [--compare old.json] [--processes N]
     python -m fastpool bench --compare old.json new.json      (no run: two files)
@@ -22,15 +22,17 @@ from typing import Any, TextIO
 
 DEFAULT_PEERS = "mp,ppe,loky,joblib"
 PROCESSES = 10  # fresh processes per peer, interleaved (--processes)
-QUICK_PROCESSES = 3
+QUICK_PROCESSES = 2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="fewer rounds and sizes (no 256 MiB rows), 3 processes per peer: the quiet "
-        "section in under a minute on two cores, about 2.5 minutes with the contention one",
+        help="a quick look: the quiet section only (unless --section names another), in 2 "
+        "processes per peer, fewer rounds, the round trip with the run's workers only, arrays "
+        "of 16 MiB only, no cold-pool bursts: about 30 s on two cores, quiet; --section "
+        "contention --quick about 100 s, --section workloads --quick several minutes",
     )
     p.add_argument(
         "--peers",
@@ -49,12 +51,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--section",
-        choices=("all", "quiet", "contention"),
-        default="all",
+        choices=("all", "quiet", "contention", "workloads"),
+        default=None,
         help="quiet: the standard scenarios, on the machine as it is; contention: the load the "
         "bench makes itself (CPU hogs, three programs at once, an oversubscribed pool), the "
-        "idle cost of pools of 2, 8 and 16, and the memory a batch of slices leaves held, "
-        "a few minutes on two cores; all (default): both, quiet first",
+        "idle cost of pools of 2, 8 and 16, and the memory a batch of slices leaves held; "
+        "workloads: batch jobs (long tasks, a heavy tail, a 50 MB image bound or passed, "
+        "per-worker state, a model loaded per worker, arrays returned, a GridSearchCV) as "
+        "each library's users write them, fastpool, fastpool.mp, the joblib backend, MPIRE, "
+        "joblib/loky, Ray, Dask, multiprocessing.Pool and ProcessPoolExecutor, with serial "
+        "and ideal rows; all: the three, in that order (default; with --quick: quiet)",
     )
     p.add_argument(
         "--batch-mib",
@@ -219,6 +225,8 @@ def _standard(
         return 1
     names = [n for n in names if n not in skipped]
     workers = args.workers or scenarios.START_WORKERS
+    if args.section is None:  # --quick is a quick look: the quiet section alone
+        args.section = "quiet" if args.quick else "all"
     spec: dict[str, Any] = {
         "peers": names,
         "quick": args.quick,
@@ -227,7 +235,7 @@ def _standard(
         "section": args.section,
         "batch_mib": None,
     }
-    if args.section != "quiet":
+    if args.section in ("all", "contention"):
         from fastpool._bench import contention
 
         # one size for every process of the run, decided here (available memory moves)
@@ -259,19 +267,31 @@ def _standard(
         f"up to {processes} fresh process{'es' if processes > 1 else ''} per peer: each row's "
         f"(n) says how many, {took:.0f} s)\n"
     )
-    print(report.table(results))
-    print()
-    print(report.LEGEND)
-    if any(report.is_contention(r.scenario) for r in results):
+    from fastpool._bench import workloads
+
+    mine = [r for r in results if not workloads.is_workload(r.scenario)]
+    jobs = [r for r in results if workloads.is_workload(r.scenario)]
+    if mine:
+        print(report.table(mine))
+        print()
+        print(report.LEGEND)
+    if any(report.is_contention(r.scenario) for r in mine):
         print()
         print(report.CONTENTION_LEGEND)
+    if jobs:
+        print(("\n" if mine else "") + workloads.table(jobs))
+        print()
+        print(workloads.LEGEND)
     for name, why in skipped.items():
         print(f"\nnot run: {name}: {why}")
     if args.quick:
-        print("\n--quick: fewer rounds, no 256 MiB rows; run without it for the full set.")
-    for line in report.unstable(results) + [w for w in (busy, uncompiled) if w]:
+        print(
+            "\n--quick: fewer rounds, arrays of 16 MiB only, the quiet section unless --section "
+            "names another; run without it for the full set."
+        )
+    for line in report.unstable(mine) + [w for w in (busy, uncompiled) if w]:
         print("\n" + line)
-    failed = report.failures(results)
+    failed = report.failures(mine + workloads.failures(jobs))
     for line in failed:
         print(f"\nFAILED: {line}")
     print(
@@ -297,7 +317,7 @@ def _standard(
         print(f"\nraw samples written to {args.json}")
     if args.plot:
         report.plot(
-            results, args.plot, f"python -m fastpool bench ({mode}), fastpool {env['fastpool']}"
+            mine, args.plot, f"python -m fastpool bench ({mode}), fastpool {env['fastpool']}"
         )
         print(f"plot written to {args.plot}")
     if old is not None:

@@ -2,7 +2,8 @@
 --json --smoke, a one-scenario bench with --json, --compare of two files, --plot with and
 without matplotlib, bench --user, and a source checkout that shadows the installed package.
 
-Kept to a few seconds: the bench runs one scenario (``--only hop-1w``) against one peer.
+Kept to a few seconds: the bench runs one scenario (``--workers 1 --only hop-1w``) against
+one peer.
 """
 
 from __future__ import annotations
@@ -67,7 +68,16 @@ def test_doctor_json_smoke_reports_a_working_pool() -> None:
 def bench_json(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     path = tmp_path_factory.mktemp("bench") / "run.json"
     done = fastpool_cli(
-        "bench", "--quick", "--only", "hop-1w", "--peers", "mp", "--json", str(path)
+        "bench",
+        "--quick",
+        "--workers",
+        "1",
+        "--only",
+        "hop-1w",
+        "--peers",
+        "mp",
+        "--json",
+        str(path),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return path, done.stdout + "\n" + done.stderr
@@ -84,12 +94,16 @@ def test_bench_prints_the_table_and_writes_raw_samples(bench_json: tuple[Path, s
         "_" in output.split("Python")[0] and "NumPy" in output and "fastpool 0" in output
     )  # footer
     data = json.loads(path.read_text())
-    rows = {r["peer"]: r for r in data["results"]}
+    rows = {r["peer"]: r for r in data["results"] if r["scenario"] == "hop-1w"}
     assert set(rows) == {"fastpool", "mp.Pool"}
+    # and right after each pool's first results: one round in each fresh process
+    first = {r["peer"]: r for r in data["results"] if r["scenario"] == "hop-1w-first"}
+    assert set(first) == {"fastpool", "mp.Pool"} and len(first["fastpool"]["rounds"]) == 2
+    assert "first moments" in output
     assert len(rows["fastpool"]["samples"]) == len(rows["fastpool"]["rounds"]) * 200
-    # --quick: each peer's rounds in 3 fresh processes, one median each
-    assert len(rows["fastpool"]["extra"]["process_medians"]) == 3
-    assert data["metadata"]["processes"] == 3
+    # --quick: each peer's rounds in 2 fresh processes, one median each
+    assert len(rows["fastpool"]["extra"]["process_medians"]) == 2
+    assert data["metadata"]["processes"] == 2
     assert data["environment"]["usable_cpus"] >= 1 and data["metadata"]["quick"] is True
 
 
@@ -97,13 +111,13 @@ def test_compare_two_files_marks_a_slower_row(bench_json: tuple[Path, str], tmp_
     old, _ = bench_json
     data = json.loads(old.read_text())
     for r in data["results"]:
-        if r["peer"] == "fastpool":
+        if r["peer"] == "fastpool" and r["scenario"] == "hop-1w":
             r["rounds"] = [x * 100 for x in r["rounds"]]
     new = tmp_path / "new.json"
     new.write_text(json.dumps(data))
     done = fastpool_cli("bench", "--compare", str(old), str(new))
     assert done.returncode == 0, done.stderr
-    line = next(x for x in done.stdout.splitlines() if x.endswith("/ fastpool |"))
+    line = next(x for x in done.stdout.splitlines() if x.endswith("1 worker / fastpool |"))
     assert line.startswith("| + |") and "| 100.00 |" in line
     assert "SOME BENCHMARKS GOT SLOWER: 1 row(s)" in done.stdout
 
