@@ -259,17 +259,8 @@ class FastpoolPool(Library):
 
 
 def _gather_fastpool(pool: Any) -> list[Any]:
-    """Every live worker's counts: Pool.run_on_workers where fastpool has it; before it,
-    the loop users wrote (submit take_counts until every pid in pool.pids() answered)."""
-    if hasattr(pool, "run_on_workers"):
-        return [counts for _pid, counts in pool.run_on_workers(work.take_counts)]
-    want, got = set(pool.pids()), {}
-    while not want <= set(got):
-        for f in [pool.submit(work.take_counts) for _ in range(pool.workers)]:
-            pid, counts = f.result()
-            if counts is not None:
-                got[pid] = counts
-    return list(got.values())
+    """Every live worker's counts, through Pool.run_on_workers ({slot: (pid, counts)})."""
+    return [counts for _pid, counts in pool.run_on_workers(work.take_counts).values()]
 
 
 def _merge(parts: Iterable[Counter[str] | None]) -> Counter[str]:
