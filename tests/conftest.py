@@ -67,8 +67,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         PEER_SUITES_OPTION,
         action="store_true",
         help="also run the tests marked peer_suite: other projects' own suites (CPython's "
-        "multiprocessing pool tests, joblib's) through their adapters; .ci/run runs them in "
-        "a step of their own, after the README's test command",
+        "multiprocessing pool tests, joblib's, scikit-learn's) through their adapters; "
+        ".ci/run runs them in a step of their own, after the README's test command",
     )
 
 

@@ -2,8 +2,9 @@
 """joblib 1.6.0's own ``test_parallel.py`` and ``test_memmapping.py`` against the fastpool
 backend: a peer suite.
 
-The installed ``joblib/test`` files run unchanged in a child ``python -m pytest`` with the
-plugin tests/compat/joblib_suite/joblib_fastpool_plugin.py, which adds a ``"fastpool"`` case
+The installed ``joblib/test`` files run unchanged in a child ``python -m pytest``
+(tests/_peer_pytest.py) with the plugin
+tests/compat/joblib_suite/joblib_fastpool_plugin.py, which adds a ``"fastpool"`` case
 after every ``"loky"`` case of a backend parametrization (and registers the backend before
 the modules are imported, so that lists built from ``joblib.parallel.BACKENDS`` hold it).
 The scripts the tests start resolve ``"fastpool"`` too: for the run, a ``.pth`` file in the
@@ -13,25 +14,22 @@ the one way in); it is removed after the run and does nothing where the variable
 
 Every fastpool case must pass, be skipped by joblib, or fail as listed in EXPECTED_FAILURES,
 each a row of docs/joblib.md ("joblib's own tests") with its reason; every loky case, the
-control, must pass or be skipped.  Temp folders (TMPDIR) live under the test's tmp_path.
+control, must pass or be skipped.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import joblib
 import pytest
+from _peer_pytest import PLUGIN_DIR, ROOT, count, run_suite, undocumented
 
-ROOT = Path(__file__).resolve().parents[2]
-PLUGIN_DIR = Path(__file__).with_name("joblib_suite")
 HOOK_DIR = PLUGIN_DIR / "hook"
-DOC = ROOT / "docs" / "joblib.md"
 FILES = ("test_parallel.py", "test_memmapping.py")
 PTH_NAME = "_fastpool_joblib_suite.pth"
 
@@ -104,8 +102,7 @@ def _write_pth() -> Path:
 
 
 def test_every_expected_failure_is_a_documented_row() -> None:
-    doc = DOC.read_text()
-    missing = [key for key in EXPECTED_FAILURES if f"`{key.split('[')[0]}`" not in doc]
+    missing = undocumented(EXPECTED_FAILURES)
     assert not missing, f"not in docs/joblib.md: {missing}"
 
 
@@ -115,42 +112,29 @@ def test_joblib_suite_passes_or_fails_as_listed(tmp_path: Path) -> None:
     tests = Path(joblib.__file__).parent / "test"
     if not os.access(_site_packages(), os.W_OK):
         pytest.skip(f"{_site_packages()} is not writable: the scripts' hook cannot be installed")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join((str(PLUGIN_DIR), str(ROOT)))
-    env["FASTPOOL_JOBLIB_SUITE"] = str(ROOT)
-    # TMPDIR only: JOBLIB_TEMP_FOLDER fails test_memmapping_on_large_enough_dev_shm
-    env["TMPDIR"] = str(tmp_path / "tmp")
-    (tmp_path / "tmp").mkdir()
-    report_path = tmp_path / "report.json"
-    env["FASTPOOL_JOBLIB_REPORT"] = str(report_path)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
-    cmd += [
-        "joblib_fastpool_plugin",
-        "--timeout=120",
-        "-W",
-        "ignore::pytest.PytestUnknownMarkWarning",
-    ]
-    cmd += [f"--basetemp={tmp_path / 'base'}", *(str(tests / f) for f in FILES)]
+    # TMPDIR only (run_suite's): JOBLIB_TEMP_FOLDER fails test_memmapping_on_large_enough_dev_shm
     pth = _write_pth()
     try:
-        proc = subprocess.run(
-            cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=840
+        rows = run_suite(
+            tmp_path,
+            tests.parent,
+            [str(tests / f) for f in FILES],
+            ["joblib_fastpool_plugin"],
+            {"FASTPOOL_JOBLIB_SUITE": str(ROOT)},
+            timeout_s=840,
         )
     finally:
         pth.unlink()
-    assert report_path.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
-    rows = json.loads(report_path.read_text())
-    bad, counts = [], {}
+    bad = []
     for nodeid, row in rows.items():
         key = nodeid.split("::", 1)[1]
-        counts.setdefault(row["kind"], {}).setdefault(row["outcome"], 0)
-        counts[row["kind"]][row["outcome"]] += 1
         if row["kind"] == "fastpool" and key in EXPECTED_FAILURES:
             if row["outcome"] != "failed":
                 bad.append(f"{key}: listed as an expected failure, but {row['outcome']}")
         # xpassed: a case joblib marks xfail(strict=False) that passed (joblib accepts it)
         elif row["outcome"] not in ("passed", "skipped", "xfailed", "xpassed"):
             bad.append(f"{row['kind']} {key}: {row['outcome']}\n{row['detail']}")
+    counts = count(rows)
     print(json.dumps(counts), file=sys.stderr)
     assert counts.get("fastpool", {}).get("passed", 0) >= 140, counts  # the suite really ran
     assert not bad, "\n\n".join(bad)

@@ -1,26 +1,23 @@
 """A pytest plugin (``-p joblib_fastpool_plugin``) that runs joblib's own tests with a
-``"fastpool"`` case wherever a test is parametrized over ``"loky"`` as a backend, and
-writes each test's outcome to the JSON file named by ``FASTPOOL_JOBLIB_REPORT``.
+``"fastpool"`` case wherever a test is parametrized over ``"loky"`` as a backend.
 
 joblib's files stay unchanged: importing ``fastpool.joblib`` here, before pytest imports
 the test modules, puts ``"fastpool"`` in ``joblib.parallel.BACKENDS`` (so the tests built
 from it, such as ``ALL_VALID_BACKENDS``, list it as joblib lists every registered backend);
 ``pytest_generate_tests`` adds a copy of each parametrize row whose backend column holds
 ``"loky"``, with ``"fastpool"`` in its place, before pytest's own hook parametrizes.
+Each case's kind in the report (suite_report, loaded beside it) is the backend it names.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import pytest
+import suite_report
 from _pytest.mark.structures import ParameterSet
 
 import fastpool.joblib  # registers the backend before the test modules are imported
-
-_rows: dict[str, dict[str, Any]] = {}
 
 
 def _swap(value: Any) -> Any:
@@ -85,25 +82,4 @@ def _kind(item: pytest.Item) -> str:
     return "other"
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    row = _rows.setdefault(report.nodeid, {"outcome": "not run", "detail": "", "kind": "other"})
-    if getattr(report, "wasxfail", None) is not None:
-        row["outcome"] = "xfailed" if report.skipped else "xpassed"
-    elif report.failed:  # a failed teardown fails a passed test too
-        row["outcome"], row["detail"] = "failed", str(report.longrepr)[-3000:]
-    elif report.skipped and row["outcome"] == "not run":
-        row["outcome"], row["detail"] = "skipped", str(report.longrepr)[-300:]
-    elif report.when == "call" and row["outcome"] == "not run":
-        row["outcome"] = "passed"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        _rows[item.nodeid] = {"outcome": "not run", "detail": "", "kind": _kind(item)}
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    path = os.environ.get("FASTPOOL_JOBLIB_REPORT")
-    if path:
-        with open(path, "w") as f:
-            json.dump(_rows, f, indent=1)
+suite_report.kind_of = _kind
