@@ -620,7 +620,10 @@ class _MapTarget:
         self.executor._check_open()
         return _mapper.Sizing(self.executor._threads(), FIRST_CHUNKSIZE, TARGET_CHUNK_S)
 
-    def _submit_chunk(self, fn: Callable[..., Any], chunk: Any, star: bool) -> cf.Future:
+    def _submit_chunk(
+        self, fn: Callable[..., Any], chunk: Any, star: bool, *, memo: Any = None
+    ) -> cf.Future:
+        # memo: Dask ships each chunk's arguments itself; it has no shared-memory copies
         return self.executor._submit(run_chunk, fn, (chunk, star), {}, self.opts)
 
     def _chunk_seconds(self, fut: cf.Future) -> float | None:

@@ -655,11 +655,11 @@ class Pool(Executor):
         return _mapper.Sizing(self._n)
 
     def _submit_chunk(
-        self, fn: Callable[..., Any], chunk: Any, star: bool, wait: bool = True
+        self, fn: Callable[..., Any], chunk: Any, star: bool, wait: bool = True, *, memo: Any = None
     ) -> Future:
         """A map chunk as one task; ``wait=False`` raises QueueFull instead of
-        waiting for room."""
-        return self._disp.submit_chunk(fn, chunk, star, wait)
+        waiting for room; ``memo``: the map's copies (``_mapper.MapTarget``)."""
+        return self._disp.submit_chunk(fn, chunk, star, wait, memo)
 
     def _submit_nowait(
         self, fn: Callable[..., Any], args: tuple, kwargs: dict, options: Any

@@ -288,6 +288,15 @@ def described(arr, *_ignored: Any) -> dict:
     return out
 
 
+def described_after_gate(arr, path: str | None) -> dict:
+    """``described``, once the gate ``path`` opens (None: at once)."""
+    if path is not None:
+        from _tasks import open_gate
+
+        open_gate(path)
+    return described(arr)
+
+
 def objects_of(arr) -> list:
     return list(arr)
 

@@ -420,7 +420,9 @@ class AsyncMap(Generic[R]):
         run, pool = self._run, self._pool
         while (chunk := run.next_chunk()) is not None:
             fut = await landing.gate.admit(
-                functools.partial(pool._submit_chunk, run.fn, chunk, run.star, False),
+                functools.partial(
+                    pool._submit_chunk, run.fn, chunk, run.star, False, memo=run.memo
+                ),
                 pool,
                 self._force,
             )

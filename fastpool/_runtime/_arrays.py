@@ -287,14 +287,12 @@ def __getattr__(name: str) -> Any:
 class CopyMemo(dict):
     """id(array) -> (array, its copy in the arena), shared by the calls that pass it to
     ``encode`` (a map's chunks: one copy of an array bound into every task of a map).
+    One map owns one (``_mapper.MapRun.memo``) while it still submits chunks, never a
+    later map: an array changed between two maps of the same function is copied again.
     Each call that used it holds it in its keep list, so the copies live until the last
-    of them settles; ``fn`` is the map's function it belongs to."""
+    of them settles."""
 
-    __slots__ = ("fn", "__weakref__")
-
-    def __init__(self, fn: Any) -> None:
-        super().__init__()
-        self.fn = fn
+    __slots__ = ()
 
 
 class CarriesArrays(Exception):

@@ -30,7 +30,6 @@ cdef class DispatchCore:
     cdef bint _circuit_open
     cdef readonly bint torn_down
     cdef object _arena
-    cdef object _memos                 # id(a map's function) -> its chunks' CopyMemo (weak)
     cdef object _hooks
     cdef object _fcond                 # the futures' shared condition (an RLock inside)
     cdef object _flock                 # its lock

@@ -32,7 +32,6 @@ cimport cython
 
 import logging
 import threading
-import weakref
 from collections import deque
 from concurrent.futures import _base
 
@@ -116,7 +115,6 @@ cdef class DispatchCore:
         self._slots = Slots(board, nslots, max_tasks)
         self._fns = Registry(nslots)
         self._fns.ride_bytes = board.max_record // 2  # the call's own pickle gets the rest
-        self._memos = weakref.WeakValueDictionary()
         self._ledger = Ledger()
         self._queue = deque()
         self._pinned = [deque() for _ in range(nslots)]
@@ -192,18 +190,16 @@ cdef class DispatchCore:
         cdef Fn f = self._encode_call(task, fn, args, kwargs)
         return self._submit_task(task, f, options, 0, wait)
 
-    def submit_chunk(self, fn, items, bint star, bint wait=True):
-        """Queues one map chunk: fn(item) (or fn(*item)) for each item, in a worker."""
+    def submit_chunk(self, fn, items, bint star, bint wait=True, memo=None):
+        """Queues one map chunk: fn(item) (or fn(*item)) for each item, in a worker.
+        ``memo``: the map's CopyMemo, one copy into shared memory per array for all
+        the chunks of that map (docs/arrays.md); None: this chunk's own copies."""
         if self._closed:
             raise errors.PoolClosed()
         cdef Fn f = self._fn(fn, True)
         cdef Task task = Task.__new__(Task)
-        # One copy into shared memory per array for all the chunks of a map: they share
-        # the memo of its function while any of them is in flight (docs/arrays.md).
-        memo = self._memos.get(id(fn))
-        if memo is None or memo.fn is not fn:
-            memo = CopyMemo(fn)
-            self._memos[id(fn)] = memo
+        if memo is None:
+            memo = CopyMemo()
         if f.rides:
             encode_call(task, (fn, items, star), {}, self._arena, memo)
         else:

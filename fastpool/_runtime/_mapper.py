@@ -99,8 +99,12 @@ class MapTarget(Protocol):
     def _map_sizing(self) -> Sizing:
         """Raises PoolClosed (or the target's own closed error) when closed."""
 
-    def _submit_chunk(self, fn: Callable[..., Any], chunk: Sequence[Any], star: bool) -> Future:
+    def _submit_chunk(
+        self, fn: Callable[..., Any], chunk: Sequence[Any], star: bool, *, memo: Any = None
+    ) -> Future:
         """A future of ``run_chunk(fn, chunk, star)``: a list, or a ChunkFailure.
+        ``memo``: the map's ``_arrays.CopyMemo`` (a target that copies arrays into
+        shared memory copies each one once for all the chunks that pass it).
         Raises what ``submit`` raises (nothing is submitted then)."""
 
     def _chunk_seconds(self, fut: Future) -> float | None:
@@ -310,6 +314,10 @@ class MapRun:
         # told how many items went out once the stream ends, however (a bar's close)
         self.on_end: Callable[[int], None] | None = None
         self.input_error: Exception | None = None  # what reading the input raised
+        # This map's copies of arrays into shared memory, one per array for all its chunks.
+        # Held only while it still submits (the chunks hold it until they settle), and never
+        # shared with another map: an array changed between two maps is copied again.
+        self.memo: _arrays.CopyMemo | None = _arrays.CopyMemo()
 
     def next_chunk(self) -> Any:
         """The next chunk to submit, or None: the window is full or the input ran out."""
@@ -324,7 +332,7 @@ class MapRun:
             # imap does the same); the items of the chunk it broke are not run.
             self.input_error, chunk = exc, None
         if chunk is None:
-            self.exhausted = True
+            self.exhausted, self.memo = True, None
         else:
             self._chunk_bytes = _arrays.array_bytes(chunk)
             self._chunk_items = len(chunk)
@@ -345,7 +353,7 @@ class MapRun:
     def feed(self) -> None:
         """Submits chunks until the window is full or the input is exhausted."""
         while (chunk := self.next_chunk()) is not None:
-            self.sent(self.target._submit_chunk(self.fn, chunk, self.star))
+            self.sent(self.target._submit_chunk(self.fn, chunk, self.star, memo=self.memo))
 
     def raise_input_error(self) -> None:
         """Raises, once, what reading the input raised: when every chunk read before it
@@ -413,7 +421,7 @@ class MapRun:
         """Cancels every chunk not taken (those not started never run), with
         ``cancel`` if given (amap's ``force_cancel``), else the target's rules."""
         pending, self.pending = self.pending, deque()
-        self.exhausted = True
+        self.exhausted, self.memo = True, None
         self.nbytes.clear()
         self.items.clear()
         self.pending_bytes = 0

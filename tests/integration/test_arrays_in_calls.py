@@ -65,6 +65,20 @@ def test_a_map_copies_an_array_bound_into_its_function_once(pool):
     assert pool._arena.allocs - allocs == 2
 
 
+def test_a_second_map_of_the_same_function_copies_afresh_while_the_first_runs(pool, tmp_path):
+    arr = np.zeros(N)
+    fn = functools.partial(_arrays.described_after_gate, arr)
+    gate = str(tmp_path / "gate")
+    first = pool.map(fn, [gate], chunksize=1)  # its one chunk holds its copy in a worker
+    arr += 1
+    # submitted now, while the first map's copy is in flight: a memo of the function
+    # (not of the map) handed it the first map's stale copy (checksum 0.0)
+    second = pool.map(fn, [None] * 3, chunksize=1)
+    open(gate, "w").close()
+    assert [g["checksum"] for g in first] == [0.0]
+    assert [g["checksum"] for g in second] == [float(N)] * 3
+
+
 def test_a_map_copies_an_array_repeated_in_its_items_once(pool):
     arr = np.arange(N, dtype=np.float64)
     allocs = pool._arena.allocs

@@ -83,7 +83,9 @@ class FakeTarget:
     def _map_sizing(self) -> _mapper.Sizing:
         return _mapper.Sizing(self.workers)
 
-    def _submit_chunk(self, fn: Callable[..., Any], chunk: Sequence[Any], star: bool) -> Future:
+    def _submit_chunk(
+        self, fn: Callable[..., Any], chunk: Sequence[Any], star: bool, *, memo: Any = None
+    ) -> Future:
         fut = Chunk()
         fut.target = self
         items = list(chunk)
