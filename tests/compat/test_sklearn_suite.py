@@ -13,8 +13,8 @@ bagging, isolation forest, voting, pairwise distances, cross-validation and sear
 neighbors, permutation importance, multi-output, column transformer, feature union, RFE
 and the linear models' CV (issue 32's full run, 32 modules and 4,817 tests, took far
 longer).  Measured on this project's 2-core machine, shared: 137 passed and 17 skipped on
-each backend; at load 15, 204 s on loky and 191 s on fastpool (one run each); at load 19
-the whole test, both runs, took about 14 minutes.
+each backend; 96 s on loky and 74 s on fastpool at load 1-4 (the test: 172 s); 204 s and
+191 s at load 15; about 14 minutes for the test at load 19 (one run each).
 
 Every test must pass or be skipped on loky; on fastpool every test must end as on loky,
 or fail as listed in EXPECTED_FAILURES, each a row of docs/joblib.md ("scikit-learn's own
