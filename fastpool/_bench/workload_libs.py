@@ -575,12 +575,19 @@ def missing(library: str, workload: str) -> str | None:
     """Why ``library`` cannot run ``workload`` here (a module not installed), or None."""
     import importlib.util
 
+    def absent(name: str) -> bool:
+        # A bare folder of that name on sys.path (Ray's own /tmp/ray, beside a bench run
+        # from /tmp) is a namespace package, not the library: its trials failed with
+        # ModuleNotFoundError or AttributeError instead of reading "not installed".
+        spec = importlib.util.find_spec(name)
+        return spec is None or spec.origin in (None, "namespace")
+
     needs = LIBRARIES[library].modules + (("sklearn",) if workload == "gridsearch" else ())
     for module in needs:
         top = module.split(".")[0]
-        if importlib.util.find_spec(top) is None:
+        if absent(top):
             return f"{top} is not installed (pip install 'fastpool[bench]')"
-        if module != top and importlib.util.find_spec(module) is None:
+        if module != top and absent(module):
             return f"{module} is not installed (pip install 'fastpool[bench]')"
     return None
 

@@ -5,6 +5,9 @@ failure. No test reads a time as a pass or a fail."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import psutil
 import pytest
 
@@ -88,6 +91,17 @@ def test_a_library_not_installed_is_a_row_that_says_so(monkeypatch: pytest.Monke
     assert workloads.cell(result) == "not installed"
     assert "not installed" in workloads.table([result])
     assert workloads.failures([result]) == []
+
+
+def test_a_bare_folder_named_like_a_library_is_not_the_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray leaves /tmp/ray behind; a bench run from /tmp found it as a namespace package
+    (tmp_path / "ray").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if importlib.util.find_spec("ray").origin not in (None, "namespace"):
+        pytest.skip("Ray is installed: the real package wins over the folder")
+    assert libs.missing("Ray", "long") == "ray is not installed (pip install 'fastpool[bench]')"
 
 
 def test_the_ideal_spreads_the_tasks_over_the_workers_and_adds_what_each_pays_once() -> None:
