@@ -207,7 +207,7 @@ def _pickle_function(fn: Any, by_value: bool, probe: bool) -> bytes | None:
 
 
 def _encode_by_value(
-    fn: Any, arena: Any, keep: list | None, probe: bool, memo: dict | None = None
+    fn: Any, arena: Any, keep: list | None, probe: bool, memo: _arrays.CopyMemo | None = None
 ) -> bytes:
     """fn pickled by value (cloudpickle), its arrays inline, or with ``probe``
     CarriesArrays at the first one an arena would take.  With ``arena``, its arrays
@@ -271,7 +271,7 @@ def encode_args(
     kwargs: dict,
     arena: Any = None,
     keep: list | None = None,
-    memo: dict | None = None,
+    memo: _arrays.CopyMemo | None = None,
 ) -> bytes:
     """Pickles a call's arguments (obj: args, (args, kwargs) or a map chunk's items).
 
@@ -385,7 +385,11 @@ def _cloud_array_pickler(probe: bool) -> Any:
 
 
 def _pickle_call(
-    obj: Any, arena: Any, keep: list | None, probe: bool = False, memo: dict | None = None
+    obj: Any,
+    arena: Any,
+    keep: list | None,
+    probe: bool = False,
+    memo: _arrays.CopyMemo | None = None,
 ) -> bytes:
     """obj with CallPickler; if the plain pickler refuses something in it, all of it
     again over cloudpickle (the first try's copies into shared memory are dropped).

@@ -79,6 +79,22 @@ def test_a_second_map_of_the_same_function_copies_afresh_while_the_first_runs(po
     assert [g["checksum"] for g in second] == [float(N)] * 3
 
 
+def test_a_maps_memo_keeps_only_the_copies_its_last_chunk_used(pool):
+    from fastpool._runtime._arrays import CopyMemo
+
+    bound = np.ones(N)
+    fn = functools.partial(_arrays.described_after_gate, bound)
+    memo = CopyMemo()
+    items = [np.full(N, float(i)) for i in range(5)]  # distinct arrays: slices of a batch
+    futs = [pool._submit_chunk(fn, [(None,)], True, memo=memo)]  # the bound array alone
+    futs += [pool._submit_chunk(_arrays.described, [arr], False, memo=memo) for arr in items]
+    futs.append(pool._submit_chunk(fn, [(None,)], True, memo=memo))
+    # a memo that kept every copy until the map ended held the whole batch (5 + 1 here)
+    assert set(memo) == {id(bound)}
+    for fut in futs:
+        fut.result(timeout=RESULT_S)
+
+
 def test_a_map_copies_an_array_repeated_in_its_items_once(pool):
     arr = np.arange(N, dtype=np.float64)
     allocs = pool._arena.allocs
