@@ -11,9 +11,8 @@ from fastpool._bench import runner
 from fastpool._bench.scenarios import Case
 
 
-def test_a_round_trip_row_times_no_call_before_its_settle_time_has_passed(monkeypatch):
-    monkeypatch.setattr(runner, "LATENCY_SETTLE_S", 0.05)
-    starts: list[float] = []
+def _recording(starts: list[float]):
+    """A row's build whose call notes when it started, in ``starts``."""
 
     def build(peer):
         def call():
@@ -21,6 +20,13 @@ def test_a_round_trip_row_times_no_call_before_its_settle_time_has_passed(monkey
 
         return call
 
+    return build
+
+
+def test_a_round_trip_row_times_no_call_before_its_settle_time_has_passed(monkeypatch):
+    monkeypatch.setattr(runner, "LATENCY_SETTLE_S", 0.05)
+    starts: list[float] = []
+    build = _recording(starts)
     case = Case("hop-test", "hop", "fake", kind="latency", build=build, rounds=2, calls=3)
     result = runner.measure(case, SimpleNamespace(start_method="fake"))
     assert len(result.rounds) == 2
@@ -36,13 +42,7 @@ def test_a_first_moments_row_times_its_calls_at_once_after_the_first_one(monkeyp
     # warm-up and no settle: the call that checks the result, then one timed round
     monkeypatch.setattr(runner, "LATENCY_SETTLE_S", 0.05)
     starts: list[float] = []
-
-    def build(peer):
-        def call():
-            starts.append(time.perf_counter())
-
-        return call
-
+    build = _recording(starts)
     case = Case("hop-test-first", "hop", "fake", kind="latency", build=build, rounds=3, calls=4)
     case.first = True
     result = runner.measure(case, SimpleNamespace(start_method="fake"))
