@@ -45,6 +45,7 @@ from typing import (
 
 from fastpool import errors, telemetry
 from fastpool._native import _ndarray
+from fastpool._pool_options import PoolOptions
 from fastpool._runtime import _arrays, _template
 from fastpool._runtime._call import TaskFunction, task  # noqa: F401 (fastpool.pool.task)
 from fastpool._runtime._lazy import LazyModule
@@ -774,28 +775,3 @@ class Pool(Executor):
             raise errors.PoolClosed(
                 "this pool was shut down: its shared memory takes no new arrays"
             )
-
-
-class PoolOptions:
-    """``pool.options(...)``: the same pool, with supervision options on each call."""
-
-    def __init__(
-        self, pool: Pool, options: _policy.TaskOptions, force_cancel: bool = False
-    ) -> None:
-        self._pool = pool
-        self._options = options
-        self._force_cancel = force_cancel
-
-    def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
-        """``Pool.submit`` with these options.  Thread-safe."""
-        if type(fn) is TaskFunction:
-            fn = fn.fn
-        return self._pool._submit(fn, args, kwargs, self._options)
-
-    def asubmit(
-        self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
-    ) -> Coroutine[Any, Any, R]:
-        """``Pool.asubmit`` with these options (and ``force_cancel``)."""
-        from fastpool._integrations import _aio
-
-        return _aio.submit(self._pool, fn, args, kwargs, self._options, self._force_cancel)

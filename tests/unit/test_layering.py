@@ -66,6 +66,7 @@ LAYERS: dict[str, int] = {
     "telemetry": 3,
     "_integrations": 4,
     "pool": 5,
+    "_pool_options": 5,
     "__init__": 5,
     "__main__": 5,
     "dask": 5,
