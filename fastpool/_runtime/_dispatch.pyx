@@ -606,6 +606,12 @@ cdef class DispatchCore:
         finally:
             self._last_fg = fp_now_ns()
             board.want(-1)
+            # The collector parked for as long as callers drive: the last one to leave
+            # wakes it, so results nobody waits for are settled from now on.  Read and
+            # cleared under the GIL, as the collector sets it (collector_loop).
+            if self._collector_parked and not board.wanted():
+                self._collector_parked = False
+                self._handoff.set()
 
     cdef bint _drive_held(self, object fut, object pred, double deadline) except -1:
         cdef double spin = _parent_spin, left
@@ -633,13 +639,30 @@ cdef class DispatchCore:
         should_stop() says so or the dispatcher is torn down."""
         board = self.board
         cdef int n
+        cdef double park = COLLECTOR_GRACE_S
+        self._handoff = handoff
         while not self.torn_down:
             if should_stop():
                 return
+            self.collector_rounds += 1
             n = -1
             if not board.wanted() and fp_now_ns() - self._last_fg >= _grace_ns:
                 n = self._collect_if_free()
-            if n < 0:  # a caller drives or submits, or just did: it settles its own
+            if n < 0 and board.wanted():
+                # A caller drives: it settles everything while it does, and the last
+                # driver to leave sets handoff (_drive_until).  The wait doubles up to
+                # PARK_SLICE_S, a backstop: polling every COLLECTOR_GRACE_S through a
+                # long wait cost ~9 ms of CPU a second, taken from the workers' cores.
+                # The flag is set before wanted() is read again, both under the GIL.
+                self._collector_parked = True
+                if board.wanted():
+                    handoff.wait(park)
+                self._collector_parked = False
+                handoff.clear()
+                park = min(park * 2, PARK_SLICE_S)
+                continue
+            park = COLLECTOR_GRACE_S
+            if n < 0:  # a caller submitted, or just drove: it settles its own
                 handoff.wait(COLLECTOR_GRACE_S)
                 handoff.clear()
             elif n == 0 and not board.wanted() and not self.torn_down:

@@ -28,6 +28,7 @@ Thread-safe: nothing here keeps state; every call reads the files again.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -221,6 +222,17 @@ def find_cgroups(controller: str, pid: int | str = "self", root: StrPath = "/") 
     mountinfo_text = read_or_none(_under_root(root, "/proc/self/mountinfo"))
     if cgroup_text is None or mountinfo_text is None:
         return []
+    return list(_resolve_cgroups(controller, cgroup_text, mountinfo_text, str(root)))
+
+
+@functools.lru_cache(maxsize=64)
+def _resolve_cgroups(
+    controller: str, cgroup_text: str, mountinfo_text: str, root: str
+) -> tuple[CgroupDir, ...]:
+    # Cached on the two texts: the supervisor resolves the parent's and each worker's
+    # cgroup every memory_interval_s, and parsing the mount table was most of the
+    # ~0.4 ms a tick cost.  A process that moves, or a mount that changes, changes a
+    # text.  A tuple of NamedTuples: nothing a caller holds can change the cache.
     paths = parse_proc_cgroup(cgroup_text)
     mounts = parse_mountinfo(mountinfo_text)
     found: list[CgroupDir] = []
@@ -234,7 +246,7 @@ def find_cgroups(controller: str, pid: int | str = "self", root: StrPath = "/") 
         )
         if v1 is not None:
             found.append(_cgroup_dir(root, v1, paths[controller], 1))
-    return found
+    return tuple(found)
 
 
 def _cpu_max_v2(text: str | None) -> float | None:

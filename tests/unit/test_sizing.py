@@ -543,3 +543,26 @@ def test_blas_threads_refuse_zero_workers() -> None:
 
 def test_module_exports_exist() -> None:
     assert all(hasattr(_sizing, name) for name in _sizing.__all__)
+
+
+def test_find_cgroups_parses_the_mount_table_once_and_follows_a_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The supervisor resolves cgroups every memory_interval_s: the mount table is parsed
+    # once for the same texts, and a process moved to another cgroup is found there.
+    import fastpool._supervision._sizing as sizing
+
+    files = {
+        "/sys/fs/cgroup/memory/jobs/job1/memory.limit_in_bytes": str(256 * MiB),
+        "/sys/fs/cgroup/memory/jobs/job2/memory.limit_in_bytes": str(128 * MiB),
+    }
+    root = make_root(tmp_path, HYBRID_CGROUP, HYBRID_MOUNTINFO, files)
+    parses = []
+    real = sizing.parse_mountinfo
+    monkeypatch.setattr(sizing, "parse_mountinfo", lambda text: parses.append(1) or real(text))
+    for _ in range(3):
+        assert memory_limit_bytes(root=root) == 256 * MiB
+    assert len(parses) == 1
+    (root / "proc/self/cgroup").write_text(HYBRID_CGROUP.replace("job1", "job2"))
+    assert memory_limit_bytes(root=root) == 128 * MiB
+    assert len(parses) == 2
