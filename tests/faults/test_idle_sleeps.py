@@ -70,7 +70,7 @@ def test_a_caller_waiting_on_a_long_task_leaves_the_collector_parked():
     # The caller's wait settles everything while it lasts, so the collector thread waits
     # for it to leave instead of polling every COLLECTOR_GRACE_S (2 ms): ~150 passes in
     # 0.3 s before, which took ~9 ms of CPU a second from the workers' cores.  Parked, it
-    # waits 2, 4, ... 50 ms at a time: at most ~12 passes, however fast the machine.
+    # waits 2, 4, 8, then 16 ms at a time: at most ~23 passes, however fast the machine.
     with fastpool.Pool(1) as p:
         assert p.submit(_tasks.double, 1).result(timeout=30) == 2
         fut = p.submit(_tasks.sleep_then, "late", 2.0)
