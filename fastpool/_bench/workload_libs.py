@@ -127,6 +127,12 @@ def inputs(workload: str, size: dict[str, Any]) -> dict[str, Any]:
         items = [(i, size["eval_s"]) for i in range(size["evals"])]
         return {"items": items, "load_s": size["init_s"]}
     if workload == "returns":
+        # The caller receives arrays: NumPy is imported, as in any script that works on
+        # them.  Imported on the clock instead, by the first result's unpickling, it put
+        # ~0.07 s of import into every row, and into the serial run's first task (so the
+        # ideal read 0.12-0.26 s), and a fork-based pool's workers imported it again.
+        import numpy  # noqa: F401
+
         n = int(size["return_mb"] * 1e6 / 8)
         return {"items": [(seed, n) for seed in range(size["returns"])]}
     if workload == "gridsearch":
@@ -229,7 +235,11 @@ class Serial(Library):
 
 
 class FastpoolPool(Library):
-    modules = ("fastpool",)
+    # `import fastpool` defers fastpool.pool to the first `fastpool.Pool`; `from fastpool
+    # import Pool` imports it at once.  It is the library's import, off the clock as for
+    # the other rows (joblib[fastpool] imports it through fastpool.joblib).  fastpool.mp's
+    # row keeps its laziness: multiprocessing's Pool imports multiprocessing.pool late too.
+    modules = ("fastpool", "fastpool.pool")
 
     def _pool(self, **kw: Any) -> Any:
         import fastpool
