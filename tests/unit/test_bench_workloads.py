@@ -25,13 +25,17 @@ def _installed() -> list[str]:
 def _new_processes(before: set[int]) -> list[str]:
     """This session is a child subreaper (conftest): what a library leaves running, even
     orphaned (a Ray raylet, a Dask nanny), comes back here."""
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    # An orphan handed to this session may be exiting, or have exited and wait for its
+    # reaping (a zombie: read under two CPU hogs as '9448 ', a loky worker that outlived
+    # its trial's process): reaped here, it was not left running.
+    _, alive = psutil.wait_procs(new, timeout=10)
     out = []
-    for p in psutil.Process().children(recursive=True):
-        if p.pid not in before:
-            try:
-                out.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
-            except psutil.Error:
-                pass
+    for p in alive:
+        try:
+            out.append(f"{p.pid} {p.status()} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            pass
     return out
 
 
