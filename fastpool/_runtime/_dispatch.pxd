@@ -38,9 +38,6 @@ cdef class DispatchCore:
     cdef list _discard                 # (payload, handoff src) of replies nobody reads
     cdef int _fg_waiting
     cdef int64_t _last_fg
-    cdef object _handoff               # the collector's Event (collector_loop's), or None
-    cdef bint _collector_parked        # the collector waits for the drivers to leave
-    cdef readonly Py_ssize_t collector_rounds  # the collector loop's passes (tests, stats)
     cdef int _next_poll
     cdef public bint idle_watch         # supervision sleeps: the next accepted task wakes it
 

@@ -9,7 +9,6 @@ from fastpool._runtime._task import PoolFuture
 
 PARK_SLICE_S: float
 COLLECTOR_GRACE_S: float
-COLLECTOR_PARK_MAX_S: float
 IDLE_PARK_S: float
 COUNTER_NAMES: tuple[str, ...]
 
@@ -23,8 +22,6 @@ class DispatchCore:
     def max_queue(self) -> int: ...
     @property
     def torn_down(self) -> bool: ...
-    @property
-    def collector_rounds(self) -> int: ...
     # the supervisor sets it before it sleeps; the next accepted task clears it and wakes it
     idle_watch: bool
     def __init__(

@@ -79,7 +79,6 @@ cdef enum:
 
 PARK_SLICE_S = 0.05         # every wait returns this often, so Ctrl-C and deadlines are seen
 COLLECTOR_GRACE_S = 0.002   # the collector stays away this long after a caller drove or submitted
-COLLECTOR_PARK_MAX_S = 0.016  # its longest wait while callers drive (collector_loop)
 IDLE_PARK_S = 30.0          # the collector's wait while nothing is in flight
 cdef double _park_slice = PARK_SLICE_S
 cdef int64_t _grace_ns = <int64_t>(COLLECTOR_GRACE_S * 1e9)
@@ -572,7 +571,6 @@ cdef class DispatchCore:
         cdef unsigned long me = PyThread_get_thread_ident()
         cdef int got
         cdef long long us
-        cdef int64_t entered = fp_now_ns(), now
         if self._driver == me:
             return self._drive_held(fut, pred, deadline)  # re-entered from a done-callback
         board = self.board
@@ -606,17 +604,8 @@ cdef class DispatchCore:
                         self._fg_waiting -= 1
             return True
         finally:
-            now = fp_now_ns()
-            self._last_fg = now
+            self._last_fg = fp_now_ns()
             board.want(-1)
-            # The collector parked while callers drive: the last one to leave a long
-            # drive wakes it, so results nobody waits for are settled from now on.  A
-            # short one does not: a round trip that woke a second thread measured 7-31
-            # us against 3-5; the collector's own wait (under COLLECTOR_PARK_MAX_S) ends
-            # it then.  Read and cleared under the GIL, as the collector sets it.
-            if self._collector_parked and now - entered >= _grace_ns and not board.wanted():
-                self._collector_parked = False
-                self._handoff.set()
 
     cdef bint _drive_held(self, object fut, object pred, double deadline) except -1:
         cdef double spin = _parent_spin, left
@@ -644,36 +633,16 @@ cdef class DispatchCore:
         should_stop() says so or the dispatcher is torn down."""
         board = self.board
         cdef int n
-        cdef double park = COLLECTOR_GRACE_S
-        self._handoff = handoff
         while not self.torn_down:
             if should_stop():
                 return
-            self.collector_rounds += 1
             n = -1
             if not board.wanted() and fp_now_ns() - self._last_fg >= _grace_ns:
                 n = self._collect_if_free()
-            if n < 0 and board.wanted():
-                # A caller drives: it settles everything while it does, and the last
-                # driver to leave a long drive sets handoff (_drive_until).  The wait
-                # doubles up to COLLECTOR_PARK_MAX_S, which bounds how late a result
-                # nobody drives for is settled after short drives: polling every
-                # COLLECTOR_GRACE_S through a long wait cost ~9 ms of CPU a second,
-                # taken from the workers' cores.  The flag is set before wanted() is
-                # read again, both under the GIL.
-                self._collector_parked = True
-                if board.wanted():
-                    handoff.wait(park)
-                self._collector_parked = False
-                handoff.clear()
-                park = min(park * 2, COLLECTOR_PARK_MAX_S)
-                continue
-            if n < 0:  # a caller submitted, or just drove: it settles its own
+            if n < 0:  # a caller drives or submits, or just did: it settles its own
                 handoff.wait(COLLECTOR_GRACE_S)
                 handoff.clear()
-                continue
-            park = COLLECTOR_GRACE_S  # it collected: the callers have left
-            if n == 0 and not board.wanted() and not self.torn_down:
+            elif n == 0 and not board.wanted() and not self.torn_down:
                 # Nothing in flight: no reply can come, and whatever ends the loop (a
                 # shutdown, the teardown, a death) kicks the board.  The bound is a backstop.
                 board.wait_results(PARK_SLICE_S if self._inflight else IDLE_PARK_S, 0.0)

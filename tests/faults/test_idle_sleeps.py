@@ -65,22 +65,3 @@ def test_memory_limits_still_apply_after_the_pool_slept():
         assert info.value.reason == "memory-limit"
         assert p.submit(_tasks.double, 4).result(timeout=30) == 8
 
-
-def test_a_caller_waiting_on_a_long_task_leaves_the_collector_parked():
-    # The caller's wait settles everything while it lasts, so the collector thread waits
-    # for it to leave instead of polling every COLLECTOR_GRACE_S (2 ms): ~150 passes in
-    # 0.3 s before, which took ~9 ms of CPU a second from the workers' cores.  Parked, it
-    # waits 2, 4, 8, then 16 ms at a time: at most ~23 passes, however fast the machine.
-    with fastpool.Pool(1) as p:
-        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
-        fut = p.submit(_tasks.sleep_then, "late", 2.0)
-        before = p._disp.collector_rounds
-        with pytest.raises(TimeoutError):
-            fut.result(timeout=0.3)
-        rounds = p._disp.collector_rounds - before
-        assert rounds < 40, f"the collector ran {rounds} passes while the caller waited"
-        # the caller left: the collector settles the task's result, for a callback
-        done = []
-        fut.add_done_callback(done.append)
-        wait_for(lambda: done, what="the collector to settle the task after the caller left")
-        assert done[0].result() == "late"
