@@ -64,4 +64,3 @@ def test_memory_limits_still_apply_after_the_pool_slept():
             p.submit(_faulty.allocate_mib, 600).result(timeout=60)
         assert info.value.reason == "memory-limit"
         assert p.submit(_tasks.double, 4).result(timeout=30) == 8
-
