@@ -41,9 +41,17 @@ from fastpool._runtime._blas import BLAS_THREAD_VARS
 
 _OPENBLAS_PREFIXES = ("openblas", "scipy_openblas")
 _OPENBLAS_SUFFIXES = ("", "64_", "_64", "_64_")
-# Thread-pool libraries threadpoolctl knows besides OpenBLAS: when one is mapped, the
-# template limits BLAS threads through threadpoolctl instead of OpenBLAS's own call.
-_OTHER_POOL_LIBS = ("gomp", "iomp", "libomp", "mkl", "blis", "flexiblas")
+# The thread-pool libraries besides OpenBLAS, by file-name prefix, each with the call that
+# sets its thread count: threadpoolctl's controllers name the same files and calls. The
+# template calls them itself, through ctypes: importing threadpoolctl and letting it probe
+# every mapped library took 8-16 ms of a forked template's start with scikit-learn's
+# libgomp loaded (measured), and the first pool's constructor waits for that start.
+_POOL_SETTERS = (
+    (("libgomp", "libiomp", "libomp"), "omp_set_num_threads"),
+    (("libmkl_rt", "mkl_rt"), "MKL_Set_Num_Threads"),
+    (("libblis",), "bli_thread_set_num_threads"),
+    (("libflexiblas",), "flexiblas_set_num_threads"),
+)
 BLAS_VARS = BLAS_THREAD_VARS
 
 
@@ -147,24 +155,49 @@ def blas_threads_chosen() -> bool:
     return any(v in os.environ for v in BLAS_VARS)
 
 
-def pin_openblas(n: int, libs: list[str] | None = None) -> Callable[[], None]:
-    """Sets every pthreads OpenBLAS to ``n`` threads; returns what restores the counts.
+def pin_openblas(
+    n: int, libs: list[str] | None = None
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Around the template's fork: every pthreads OpenBLAS runs ``n`` threads in the
+    child, and keeps its count in the parent.  Returns ``(in_child, restore)``: the
+    child calls the first at once after the fork, the parent the second.
 
-    Around the template's fork: the template inherits ``n`` while its pool is stopped,
-    and never starts one (``openblas_set_num_threads`` in the template would start the
-    pool again there, and the template must fork its workers single-threaded)."""
-    saved = []
+    The template must fork its workers single-threaded, so it never starts an OpenBLAS
+    pool: ``openblas_set_num_threads`` there would start one.  Where a build exports
+    its count (``blas_cpu_number``, read back through ``openblas_get_num_threads``
+    before it is trusted), the child writes ``n`` there and the parent is left alone:
+    the fork stopped its pool, and its next BLAS call starts it again, as after any
+    fork.  Otherwise the parent sets ``n`` before the fork and its count back after,
+    which restarts its pool at once, and each new OpenBLAS thread then spins about
+    0.1 s waiting for work (measured: 100 ms of CPU per thread, taken from the first
+    pool's starting workers on a small machine)."""
+    import ctypes
+
+    cells, saved = [], []
     for lib in openblas_pools(libs):
         get, set_ = _openblas_call(lib, "get_num_threads"), _openblas_call(lib, "set_num_threads")
-        if get is not None and set_ is not None:
-            saved.append((set_, get()))
+        if get is None or set_ is None:
+            continue
+        try:
+            cell = ctypes.c_int.in_dll(lib, "blas_cpu_number")
+        except ValueError:  # not exported by this build
+            cell = None
+        count = get()
+        if cell is not None and cell.value == count:
+            cells.append(cell)
+        else:
+            saved.append((set_, count))
             set_(n)
+
+    def in_child() -> None:
+        for cell in cells:
+            cell.value = n
 
     def restore() -> None:
         for setter, count in saved:
             setter(count)
 
-    return restore
+    return in_child, restore
 
 
 def flush_std_streams() -> None:
@@ -179,9 +212,10 @@ def flush_std_streams() -> None:
 def limit_blas_threads(libs: list[str] | None = None) -> None:
     """In the template: one BLAS/OpenMP thread per worker unless the user set a count, so
     workers x BLAS threads never oversubscribe the CPUs. The environment covers
-    libraries not loaded yet; a forked template limits the loaded OpenMP, MKL and BLIS
-    pools with threadpoolctl (OpenBLAS was pinned by the parent around the fork, see
-    pin_openblas)."""
+    libraries not loaded yet; a forked template sets the loaded OpenMP, MKL, BLIS and
+    FlexiBLAS pools to one thread (OpenBLAS was pinned by the parent around the fork, see
+    pin_openblas).  A library without its call, or one that refuses it, keeps its count:
+    the environment variables still apply to what it starts later."""
     user_set = blas_threads_chosen()
     for var in BLAS_VARS:
         os.environ.setdefault(var, "1")
@@ -189,15 +223,25 @@ def limit_blas_threads(libs: list[str] | None = None) -> None:
         return
     if libs is None:  # a forked template passes the list its parent read just before the fork
         libs = mapped_libraries()
-    if any(key in os.path.basename(p).lower() for p in libs for key in _OTHER_POOL_LIBS):
-        try:  # ~10 ms to import: only when such a library is there
-            from threadpoolctl import ThreadpoolController
+    for path in libs:
+        name = os.path.basename(path).lower()
+        call = next((c for prefixes, c in _POOL_SETTERS if name.startswith(prefixes)), None)
+        if call is not None:
+            _call_loaded(path, call, 1)
 
-            ThreadpoolController().select(
-                internal_api=["openmp", "mkl", "blis", "flexiblas"]
-            ).limit(limits=1)
-        except Exception:  # noqa: BLE001 - optional: without it, the env vars still apply
-            pass
+
+def _call_loaded(path: str, name: str, arg: int) -> None:
+    """Calls ``name(arg)`` in the shared library at ``path`` if this process has it
+    loaded and it exports that name; never loads a library (RTLD_NOLOAD)."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+        fn = getattr(lib, name)
+    except (OSError, AttributeError):  # unloaded since the maps were read, or no such call
+        return
+    fn.argtypes, fn.restype = [ctypes.c_int], None
+    fn(arg)
 
 
 def neutralise_inherited(keep: set[int]) -> set[int]:

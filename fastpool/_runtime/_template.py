@@ -214,8 +214,10 @@ class Template:
         parent_end, child_end = _pair()
         _forksafe.flush_std_streams()
         libs = _forksafe.mapped_libraries()  # read once: the child's limit reuses it
-        restore = (
-            (lambda: None) if _forksafe.blas_threads_chosen() else _forksafe.pin_openblas(1, libs)
+        in_child, restore = (
+            ((lambda: None), (lambda: None))
+            if _forksafe.blas_threads_chosen()
+            else _forksafe.pin_openblas(1, libs)
         )
         try:
             if checked:
@@ -227,6 +229,7 @@ class Template:
                 restore()
         if pid == 0:
             try:
+                in_child()
                 # First the parent's pidfd: from here on its death is seen even when
                 # another child of it keeps our socket open.
                 watch = _watch_parent(parent, parent)

@@ -312,3 +312,89 @@ def test_a_parent_that_never_imported_numpy_forks_a_template_without_it(tmp_path
         """,
     )
     assert out.stdout.split() == ["fork", "[False,", "False]", "False"]
+
+
+def test_a_forked_templates_workers_run_one_openmp_thread_when_the_parent_loaded_openmp(tmp_path):
+    # scikit-learn maps its own libgomp into the parent; the template sets it to one
+    # thread (omp_set_num_threads through ctypes, not threadpoolctl: 8-16 ms of the
+    # first pool's start) and every worker forked from it inherits that count.  Without
+    # the call, OpenMP's default is one thread per CPU.
+    pytest.importorskip("sklearn")
+    pytest.importorskip("threadpoolctl")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: OpenMP's default count is already 1")
+    out = _run(
+        tmp_path,
+        """
+        import sys
+        import sklearn.svm  # noqa: F401 - maps scikit-learn's OpenMP runtime
+        import fastpool
+        from fastpool._runtime import _forksafe, _template
+
+        def openmp_threads(_=None):
+            from threadpoolctl import threadpool_info
+            return sorted(i["num_threads"] for i in threadpool_info() if i["user_api"] == "openmp")
+
+        if __name__ == "__main__":
+            mapped = any("omp" in p.rsplit("/", 1)[-1] for p in _forksafe.mapped_libraries())
+            parent = openmp_threads()
+            with fastpool.Pool(2, blas_threads=1) as p:
+                counts = p.run_on_workers(openmp_threads)
+                print(_template.template().how[0], mapped, parent, sorted(counts.values()))
+        """,
+    )
+    how, mapped, parent, workers = out.stdout.strip().split(" ", 3)
+    if mapped != "True":
+        pytest.skip(f"this scikit-learn maps no OpenMP runtime ({out.stdout.strip()})")
+    assert how == "fork", out.stdout
+    assert parent != "[1]", f"the parent's OpenMP already ran one thread: {out.stdout}"
+    assert workers == "[[1], [1]]", out.stdout
+
+
+def test_a_forked_templates_workers_run_one_openblas_thread_and_the_parents_pool_stays_stopped(
+    tmp_path,
+):
+    # The template's OpenBLAS is set to one thread in the child (its exported count), so
+    # the parent's is never set and set back: that restarted the parent's pool at once,
+    # and each of its threads spun ~0.1 s beside the first pool's starting workers.
+    # The fork stopped the parent's pool; its next BLAS call starts it again.
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: OpenBLAS runs no pool threads")
+    out = _run(
+        tmp_path,
+        """
+        import sys, threading
+        import numpy as np
+        import fastpool
+        from fastpool._runtime import _forksafe, _template
+
+        def openblas_counts(_=None):
+            from fastpool._runtime import _forksafe
+            return sorted(_forksafe._openblas_call(lib, "get_num_threads")()
+                          for lib in _forksafe.openblas_pools())
+
+        def native_threads():  # threads Python did not start: OpenBLAS's pool
+            return _forksafe.os_threads() - threading.active_count()
+
+        if __name__ == "__main__":
+            a = np.ones((400, 400))
+            a @ a
+            up = native_threads()
+            with fastpool.Pool(2, blas_threads=1) as p:
+                workers = sorted(map(tuple, p.run_on_workers(openblas_counts).values()))
+                during = native_threads()
+                counts = openblas_counts()
+                a @ a
+                again = native_threads()
+            print(_template.template().how[0], up, during, again, counts, workers)
+        """,
+    )
+    how, up, during, again, rest = out.stdout.strip().split(" ", 4)
+    if int(up) < 1:
+        pytest.skip(f"OpenBLAS started no pool thread here ({out.stdout.strip()})")
+    assert how == "fork", out.stdout
+    counts, workers = rest.split("] ", 1)
+    assert during == "0", f"the parent's OpenBLAS pool ran again at the pool's start: {out.stdout}"
+    assert int(again) == int(up), out.stdout  # the next BLAS call brought it back
+    assert "1" not in counts.strip("[]").split(", "), out.stdout  # the parent kept its count
+    assert workers == "[(1,), (1,)]", out.stdout
