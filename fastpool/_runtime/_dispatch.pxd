@@ -38,6 +38,9 @@ cdef class DispatchCore:
     cdef list _discard                 # (payload, handoff src) of replies nobody reads
     cdef int _fg_waiting
     cdef int64_t _last_fg
+    cdef unsigned long long _drives_ended  # drives that ended: one long drive leaves it still
+    cdef bint _napping                 # the collector sleeps through one long drive
+    cdef object _handoff               # the collector's Event (collector_loop's handoff)
     cdef int _next_poll
     cdef public bint idle_watch         # supervision sleeps: the next accepted task wakes it
 

@@ -9,6 +9,7 @@ from fastpool._runtime._task import PoolFuture
 
 PARK_SLICE_S: float
 COLLECTOR_GRACE_S: float
+NAP_AFTER_S: float
 IDLE_PARK_S: float
 COUNTER_NAMES: tuple[str, ...]
 

@@ -64,3 +64,29 @@ def test_memory_limits_still_apply_after_the_pool_slept():
             p.submit(_faulty.allocate_mib, 600).result(timeout=60)
         assert info.value.reason == "memory-limit"
         assert p.submit(_tasks.double, 4).result(timeout=30) == 8
+
+
+def _switches(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt"))
+
+
+def test_a_caller_waiting_on_one_long_task_leaves_the_collector_asleep():
+    # The caller drives the result rings itself; the collector used to look again every
+    # 2 ms through the whole wait (~250 wake-ups here, ~10 ms of CPU a second that the
+    # workers lose on a small machine).  Now it sleeps until that drive ends: one 50 ms
+    # slice after another, each a wake-up, plus the few before it decides to.
+    import threading
+
+    with fastpool.Pool(1) as p:
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
+        collector = next(t for t in threading.enumerate() if t.name == "fastpool-collector")
+        fut = p.submit(_tasks.sleep_then, 3, 0.5)
+        before = _switches(collector.native_id)
+        assert fut.result(timeout=30) == 3  # one drive of ~0.5 s
+        woke = _switches(collector.native_id) - before
+        assert woke < 60, f"the collector woke {woke} times during one 0.5 s wait"
+        # and it takes over again once the caller stops: a callback's future settles
+        done = threading.Event()
+        p.submit(_tasks.double, 2).add_done_callback(lambda f: done.set())
+        assert done.wait(30)
