@@ -118,15 +118,16 @@ def openblas_pools(libs: list[str] | None = None) -> list[Any]:
     return out
 
 
-def fork_candidate() -> bool:
+def fork_candidate(libs: list[str] | None = None) -> bool:
     """Whether a fork now may leave the child alone: no Python thread besides this one
     (any of them may hold any lock at any moment), and either no other thread at all or
-    a pthreads OpenBLAS whose fork handler may account for the others."""
+    a pthreads OpenBLAS whose fork handler may account for the others.  ``libs``: this
+    process's mapped_libraries() if the caller has read them already."""
     import threading
 
     if threading.active_count() != 1:
         return False
-    return os_threads() == 1 or bool(openblas_pools())
+    return os_threads() == 1 or bool(openblas_pools(libs))
 
 
 def fork_checked() -> tuple[int, bool]:

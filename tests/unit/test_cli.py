@@ -350,12 +350,12 @@ def test_doctor_predicts_spawn_for_a_threaded_process_and_honours_the_switch(
 
     monkeypatch.delenv("FASTPOOL_TEMPLATE_START", raising=False)
     monkeypatch.setattr(_forksafe, "rss_bytes", lambda: 50 << 20)
-    monkeypatch.setattr(_forksafe, "fork_candidate", lambda: True)
+    monkeypatch.setattr(_forksafe, "fork_candidate", lambda libs=None: True)
     assert doctor.template_plan()["method"] == "fork"
-    monkeypatch.setattr(_forksafe, "fork_candidate", lambda: False)
+    monkeypatch.setattr(_forksafe, "fork_candidate", lambda libs=None: False)
     plan = doctor.template_plan()
     assert plan["method"] == "spawn" and "other threads" in plan["why"]
-    monkeypatch.setattr(_forksafe, "fork_candidate", lambda: True)
+    monkeypatch.setattr(_forksafe, "fork_candidate", lambda libs=None: True)
     monkeypatch.setattr(_forksafe, "rss_bytes", lambda: 1 << 30)
     assert "1024 MiB resident" in doctor.template_plan()["why"]
     monkeypatch.setenv("FASTPOOL_TEMPLATE_START", "spawn")
