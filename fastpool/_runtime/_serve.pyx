@@ -19,6 +19,7 @@ import os
 import pickle
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from fastpool._runtime import _arrays, _call, _codec
@@ -67,6 +68,16 @@ EXIT_TASK_RING_CORRUPT = 6
 EXIT_ARENA_CORRUPT = 7
 
 
+cdef bint _in_task = False  # inside a task's own region: its call and its result's encoding
+
+
+def in_task():
+    """Whether this worker's loop is inside a task's own region (its call, its result's
+    encoding): the only place where the pool's SIGINT (Ctrl-C in the parent) is the
+    task's to raise (fastpool/_runtime/_worker.py, _on_sigint)."""
+    return _in_task
+
+
 cdef inline bint _atomic(object x):
     t = type(x)
     return t is int or t is float or t is str or t is bytes or t is bool or t is complex
@@ -84,6 +95,7 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
     EXIT_TASK_RING_CORRUPT if the task ring breaks its format, and
     EXIT_ARENA_CORRUPT after reporting that its arena region was written over (the
     parent then sees a death, judges it, repairs what it must and replaces it)."""
+    global _in_task
     cdef dict fns = {}
     cdef fp_recv_t rec
     cdef int rc
@@ -152,7 +164,11 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
         damaged = False
         flags = 0
         handed = None
+        # A SIGINT that came between tasks is handled here, outside this one (the
+        # worker's handler ignores it there), rather than raised in its body.
+        PyErr_CheckSignals()
         try:
+            _in_task = True
             fn = fns.get(fid)
             if fn is None:
                 raise errors.SerializationError(
@@ -191,7 +207,9 @@ def serve(Board board, int slot, int parent_pid, double spin_s, double pop_slice
                     except Exception as exc:  # noqa: BLE001
                         out, rkind = encode_bad_result(wire >> 3, exc, result), FP_R_BAD_RESULT
             result = None
+            _in_task = False
         except BaseException as exc:  # noqa: BLE001 - SystemExit from a task is the task's error
+            _in_task = False
             result = arg_data = None
             out, rkind = encode_exception(exc), FP_R_ERR
         if out is None:

@@ -60,7 +60,7 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
 
     # The template ignores SIGINT (Ctrl-C in the terminal is the parent's); a worker
     # takes it back, so a pool interrupted by Ctrl-C can interrupt the tasks it runs.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _on_sigint)
     board = Board.attach(board_fd)
     os.close(board_fd)
     if arena_fd >= 0:  # before K_INIT: initargs may hold shared arrays
@@ -101,6 +101,18 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """KeyboardInterrupt inside a task's own region only (_serve.in_task).  The pool
+    sends SIGINT to a worker it saw running a task (Supervisor.interrupt_running); one
+    that lands as that task ends, or in the loop's code around it, is no task's to
+    raise: the worker died of it, its traceback on the user's terminal (seen under
+    load).  The loop handles a pending one before each task's body (_serve.pyx)."""
+    from fastpool._runtime import _serve
+
+    if _serve.in_task():
+        raise KeyboardInterrupt
 
 
 def _look_like_a_child(slot: int) -> None:

@@ -171,3 +171,17 @@ def test_ctrl_c_in_a_map_shows_the_callers_line_not_fastpools_frames(tmp_path, p
     assert str(script) in frames[0], tb  # the caller's line
     package = os.path.dirname(fastpool.__file__)
     assert len([f for f in frames if package in f]) <= 1, tb  # the map's own line at most
+
+
+def test_a_sigint_that_reaches_a_worker_between_tasks_is_not_the_next_tasks():
+    # The pool sends SIGINT to a worker it saw running a task (Ctrl-C in the parent).
+    # One that lands as that task ends, or in the worker's loop around it, killed the
+    # worker with a KeyboardInterrupt traceback on the terminal (seen under two CPU
+    # hogs).  Here it lands on an idle worker: the next task runs, on that worker, and
+    # gets its own result, not a KeyboardInterrupt.
+    with fastpool.Pool(1) as p:
+        pid = p.submit(os.getpid).result(timeout=30)
+        os.kill(pid, signal.SIGINT)  # pending in the worker before the next task reaches it
+        assert p.submit(os.getpid).result(timeout=30) == pid
+        assert p.pids() == [pid]
+        assert p.stats()["crashed"] == 0
