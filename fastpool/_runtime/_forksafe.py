@@ -214,9 +214,9 @@ def limit_blas_threads(libs: list[str] | None = None) -> None:
     """In the template: one BLAS/OpenMP thread per worker unless the user set a count, so
     workers x BLAS threads never oversubscribe the CPUs. The environment covers
     libraries not loaded yet; a forked template sets the loaded OpenMP, MKL, BLIS and
-    FlexiBLAS pools to one thread (OpenBLAS was pinned by the parent around the fork, see
-    pin_openblas).  A library without its call, or one that refuses it, keeps its count:
-    the environment variables still apply to what it starts later."""
+    FlexiBLAS pools to one thread (OpenBLAS was set around the fork: see pin_openblas).
+    A library without its call, or one that refuses it, keeps its count: the
+    environment variables still apply to what it starts later."""
     user_set = blas_threads_chosen()
     for var in BLAS_VARS:
         os.environ.setdefault(var, "1")
