@@ -357,7 +357,9 @@ def test_a_forked_templates_workers_run_one_openblas_thread_and_the_parents_pool
     # The template's OpenBLAS is set to one thread in the child (its exported count), so
     # the parent's is never set and set back: that restarted the parent's pool at once,
     # and each of its threads spun ~0.1 s beside the first pool's starting workers.
-    # The fork stopped the parent's pool; its next BLAS call starts it again.
+    # The fork stopped the parent's pool; its next BLAS call starts it again.  A build
+    # that hides its count (NumPy 2.5's OpenBLAS 0.3.34) is still set the old way: its
+    # workers run one thread all the same, and its parent's pool runs again at once.
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one CPU: OpenBLAS runs no pool threads")
     out = _run(
@@ -376,25 +378,35 @@ def test_a_forked_templates_workers_run_one_openblas_thread_and_the_parents_pool
         def native_threads():  # threads Python did not start: OpenBLAS's pool
             return _forksafe.os_threads() - threading.active_count()
 
+        def exported(lib):
+            try:
+                ctypes.c_int.in_dll(lib, "blas_cpu_number")
+            except ValueError:
+                return False
+            return True
+
         if __name__ == "__main__":
+            import ctypes
             a = np.ones((400, 400))
             a @ a
             up = native_threads()
+            hidden = not all(exported(lib) for lib in _forksafe.openblas_pools())
             with fastpool.Pool(2, blas_threads=1) as p:
                 workers = sorted(map(tuple, p.run_on_workers(openblas_counts).values()))
                 during = native_threads()
                 counts = openblas_counts()
                 a @ a
                 again = native_threads()
-            print(_template.template().how[0], up, during, again, counts, workers)
+            print(_template.template().how[0], hidden, up, during, again, counts, workers)
         """,
     )
-    how, up, during, again, rest = out.stdout.strip().split(" ", 4)
+    how, hidden, up, during, again, rest = out.stdout.strip().split(" ", 5)
     if int(up) < 1:
         pytest.skip(f"OpenBLAS started no pool thread here ({out.stdout.strip()})")
     assert how == "fork", out.stdout
     counts, workers = rest.split("] ", 1)
-    assert during == "0", f"the parent's OpenBLAS pool ran again at the pool's start: {out.stdout}"
+    if hidden == "False":
+        assert during == "0", f"the parent's OpenBLAS pool ran again at the start: {out.stdout}"
     assert int(again) == int(up), out.stdout  # the next BLAS call brought it back
     assert "1" not in counts.strip("[]").split(", "), out.stdout  # the parent kept its count
     assert workers == "[(1,), (1,)]", out.stdout
