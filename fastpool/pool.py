@@ -49,7 +49,7 @@ from fastpool._pool_options import PoolOptions
 from fastpool._runtime import _arrays, _template
 from fastpool._runtime._call import TaskFunction, task  # noqa: F401 (fastpool.pool.task)
 from fastpool._runtime._lazy import LazyModule
-from fastpool._supervision import _broadcast, _options, _policy, _sizing
+from fastpool._supervision import _broadcast, _options, _policy, _sizing, _teardown
 
 if TYPE_CHECKING:
     import numpy as np
@@ -528,7 +528,7 @@ class Pool(Executor):
         # the queue first, as ProcessPoolExecutor does: nothing queued reaches a worker
         # that is about to die; then each death is judged as forced (nothing requeued)
         self.shutdown(wait=False, cancel_futures=True)
-        self._sup.force_stop(sig, f"Pool.{operation}_workers() sent {sig.name}")
+        _teardown.force_stop(self._sup, sig, f"Pool.{operation}_workers() sent {sig.name}")
 
     def drain(self) -> None:
         """Settles every accepted task (none is cancelled or lost), then tears down.

@@ -105,7 +105,7 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
 
 def _on_sigint(signum: int, frame: Any) -> None:
     """KeyboardInterrupt inside a task's own region only (_serve.in_task).  The pool
-    sends SIGINT to a worker it saw running a task (Supervisor.interrupt_running); one
+    sends SIGINT to a worker it saw running a task (_teardown.interrupt_running); one
     that lands as that task ends, or in the loop's code around it, is no task's to
     raise: the worker died of it, its traceback on the user's terminal (seen under
     load).  The loop handles a pending one before each task's body (_serve.pyx)."""

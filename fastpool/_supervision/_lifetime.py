@@ -23,8 +23,9 @@ from fastpool import errors, telemetry
 from fastpool._native import _arena
 from fastpool._native._core import Board
 from fastpool._runtime import _codec, _controls, _dispatch
-from fastpool._supervision import _policy
-from fastpool._supervision._supervisor import STOP_GRACE_S, Supervisor
+from fastpool._supervision import _policy, _teardown
+from fastpool._supervision._supervisor import Supervisor
+from fastpool._supervision._teardown import STOP_GRACE_S
 
 log = logging.getLogger("fastpool")
 
@@ -212,7 +213,7 @@ class Runtime:
         self.disowned = self.stopping = True
         self.torn_down.set()
         self.disp.disown(self._not_the_owner)
-        self.sup.disown()
+        _teardown.disown(self.sup)
         self.board.disown()  # the arena disowns itself (fastpool/_native/_arena.pyx)
 
     def _not_the_owner(self, task: Any) -> BaseException:
@@ -246,7 +247,7 @@ class Runtime:
             return
         self.disp.close()
         self.disp.cancel_queued()
-        self.sup.interrupt_running()
+        _teardown.interrupt_running(self.sup)
         try:  # what the interrupted tasks send back (their KeyboardInterrupt) settles
             self.disp.drive(lambda: self.disp.inflight == 0, INTERRUPT_GRACE_S)
         except KeyboardInterrupt:
@@ -263,9 +264,9 @@ class Runtime:
         disp.close()
         disp.cancel_queued()
         try:
-            sup.stop_workers()
+            _teardown.stop_workers(sup)
             self.supervisor_thread.join(5)
-            sup.reap_workers(grace_s)
+            _teardown.reap_workers(sup, grace_s)
             disp.abandon(_abandoned)
         finally:
             disp.set_torn_down()

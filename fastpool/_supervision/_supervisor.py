@@ -21,14 +21,14 @@ none of its locks held.  A death reaches the dispatcher in one call,
 facts, the victim, the fates; _verdict: the cause).  The checks of live workers
 (_watch) return decisions that this module carries out; each slot's record is _slot.
 The memory tick (which workers to sample, memory kills and retirements, the pressure
-pause, the parent's arena trim) is _memory_tick's, on this module's thread.
+pause, the parent's arena trim) is _memory_tick's, on this module's thread; ending the
+workers (stop, interrupt, terminate, the wait for their exit) is _teardown's.
 Lock order: the supervisor's lock, then (inside dispatcher methods) the
 dispatcher's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import logging
@@ -63,7 +63,6 @@ else:
 log = logging.getLogger("fastpool")
 
 EXIT_STATUS_WAIT_S = 1.0
-STOP_GRACE_S = 2.0
 # How long the thread keeps its timers after the last task settled before it sleeps
 # (until a submit, a death, the template or a timer wakes it): calls under this apart
 # never pay the wake.  Each tick of it costs ~0.2 ms of CPU (a thread's wake, here), so
@@ -661,77 +660,7 @@ class Supervisor:
                 if kill is not None:
                     self.kill(slot, kill)
 
-    # ---- teardown --------------------------------------------------------------------
-
-    def stop_workers(self) -> None:
-        """Asks every live worker to exit, then SIGKILLs stragglers after STOP_GRACE_S.
-
-        Called once the supervisor thread has stopped."""
-        with self.lock:
-            self.stopping = True
-            for slot in self.slots:
-                if slot.live:  # its pid may not have arrived yet
-                    slot.kill = _verdict.Kill(_verdict.Cause.STOPPED)
-                    self.disp.slot_stopping(slot.id)
-                    if not self.board.push_control(slot.id, _codec.K_STOP):
-                        self.kill(slot, _verdict.Kill(_verdict.Cause.STOPPED))
-        self.wake()
-
-    def interrupt_running(self) -> None:
-        """SIGINT to every worker running a task: the task raises KeyboardInterrupt."""
-        with self.lock:
-            for slot in self.slots:
-                if slot.pidfd is not None and slot.state == "ready" and self.board.current(slot.id):
-                    try:
-                        signal.pidfd_send_signal(slot.pidfd, signal.SIGINT)
-                    except (ProcessLookupError, OSError):
-                        pass
-
-    def disown(self) -> None:
-        """In a forked child: its copies of the workers' pidfds are closed (the parent's
-        stay open), so that no path of this copy can signal the parent's workers.  Takes
-        no lock: a thread of the parent may have held it at the fork."""
-        for slot in self.slots:
-            pidfd, slot.pidfd = slot.pidfd, None
-            if pidfd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(pidfd)
-
-    def force_stop(self, sig: int, detail: str) -> None:
-        """Pool.terminate_workers/kill_workers: ``sig`` to every live worker.  From now on no
-        worker starts, and what a dead worker held fails (_judge): the task it ran with
-        WorkerCrashed, those it had not started with BrokenPool; none runs again."""
-        with self.lock:
-            self.forced = True
-            for slot in self.slots:
-                if slot.pidfd is not None:
-                    slot.kill = _verdict.Kill(_verdict.Cause.TERMINATED, None, detail)
-                    try:
-                        signal.pidfd_send_signal(slot.pidfd, sig)
-                    except (ProcessLookupError, OSError):
-                        pass
-
-    def reap_workers(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Waits up to ``grace_s`` for every worker to exit (SIGKILL after), once the
-        supervisor thread has stopped.  A worker whose start the template has not yet
-        answered is waited for too: it runs its K_INIT (the initializer) and then the
-        K_STOP that stop_workers queued, and a join that returned before it exits would
-        leave a process behind and an initializer that has not run yet."""
-        deadline = time.monotonic() + grace_s
-        self._await_started(deadline)
-        for slot in self.slots:
-            if slot.pidfd is None:
-                slot.pid = None  # no pidfd ever came: nothing of ours to list or signal
-                continue
-            if not select_read(slot.pidfd, max(0.0, deadline - time.monotonic())):
-                self.kill(slot, _verdict.Kill(_verdict.Cause.STOPPED))
-                select_read(slot.pidfd, 2.0)
-            os.close(slot.pidfd)
-            slot.pidfd = None
-            slot.pid = None
-            slot.state = "dead"
-
-    def _await_started(self, deadline: float) -> None:
+    def await_started(self, deadline: float) -> None:
         """Reads the template's replies until every start sent to it has its pidfd (or the
         deadline passes, or the template is gone: its workers died with it)."""
         conn = self.conn
