@@ -116,10 +116,10 @@ class ProcessMemory(NamedTuple):
 
 
 _STATUS_KEYS = {
-    b"VmRSS": "rss_bytes",
-    b"RssAnon": "anon_bytes",
-    b"RssFile": "file_bytes",
-    b"RssShmem": "shmem_bytes",
+    b"VmRSS:": "rss_bytes",
+    b"RssAnon:": "anon_bytes",
+    b"RssFile:": "file_bytes",
+    b"RssShmem:": "shmem_bytes",
 }
 
 
@@ -127,13 +127,17 @@ def parse_status(text: str | bytes) -> ProcessMemory | None:
     """The memory lines of a ``/proc/<pid>/status`` text; None without VmRSS (a zombie, a
     kernel thread)."""
     data = text.encode() if isinstance(text, str) else text
+    # Four keys looked up by position, not every line split: the supervisor parses each
+    # live worker's status every memory_interval_s (a status text is ~55 lines).
     found: dict[str, int] = {}
-    for line in data.splitlines():
-        key, sep, rest = line.partition(b":")
-        name = _STATUS_KEYS.get(key)
-        if name is None or not sep:
+    for key, name in _STATUS_KEYS.items():
+        at = data.find(key)
+        while at > 0 and data[at - 1] != 0x0A:  # "VmRSS:" only at a line's start
+            at = data.find(key, at + 1)
+        if at < 0:
             continue
-        parts = rest.split()
+        end = data.find(b"\n", at)
+        parts = data[at + len(key) : end if end >= 0 else len(data)].split()
         try:
             found[name] = int(parts[0]) * (1024 if parts[1:2] == [b"kB"] else 1)
         except (IndexError, ValueError):
@@ -141,23 +145,6 @@ def parse_status(text: str | bytes) -> ProcessMemory | None:
     if "rss_bytes" not in found:
         return None
     return ProcessMemory(**found)
-
-
-def _read_proc_file(path: str) -> bytes | None:
-    # os.open/read: no buffered file object to build, the cheapest read Python has
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        chunks = []
-        while chunk := os.read(fd, 4096):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError:  # ESRCH: the process exited after the open
-        return None
-    finally:
-        os.close(fd)
 
 
 _HAVE_PROC = sys.platform.startswith("linux")
@@ -170,7 +157,7 @@ def read_memory(pid: int | str = "self", root: _sizing.StrPath = "/") -> Process
     RSS, with no split, so everything resident counts as owned.
     """
     if _HAVE_PROC or str(root) != "/":
-        data = _read_proc_file(os.path.join(os.fspath(root), "proc", str(pid), "status"))
+        data = _sizing.read_bytes_or_none(os.path.join(os.fspath(root), "proc", str(pid), "status"))
         return parse_status(data) if data is not None else None
     try:
         proc = psutil.Process() if pid == "self" else psutil.Process(int(pid))

@@ -120,6 +120,7 @@ class MemoryTick:
         """Owned memory per worker (limit, leak), its cgroup's OOM counter, and system pressure."""
         now = time.monotonic()
         limit, leak = self.sup.settings["memory_limit"], self.sup.settings["leak_threshold"]
+        counts: dict[tuple, int | None] = {}  # one reading per cgroup this tick: workers share one
         for slot in self.sup.slots:
             pid = slot.pid
             if pid is None or not slot.live or slot.kill is not None:
@@ -137,16 +138,15 @@ class MemoryTick:
             # A worker (or its task) may move itself to another cgroup: follow it every
             # tick, and read that cgroup's OOM counter while the worker is alive, so that
             # after a SIGKILL we compare the same cgroup's counter before and after.
-            try:
-                with open(f"/proc/{pid}/cgroup") as f:
-                    where: str | None = f.read()
-            except OSError:
-                where = None
+            where = _sizing.read_bytes_or_none(f"/proc/{pid}/cgroup")
             if where != slot.cg_text or slot.cg is None:  # resolving the paths costs ~100 us
                 slot.cg_text = where
                 slot.cg = _memory.cgroup_of(pid)
                 slot.oom_before = slot.oom_last = None  # another cgroup: another counter
-            count = _memory.oom_kill_count(slot.cg)
+            key = (slot.cg.get("v2"), slot.cg.get("v1_memory"))
+            if key not in counts:
+                counts[key] = _memory.oom_kill_count(slot.cg)
+            count = counts[key]
             if slot.pidfd is not None and not select_read(slot.pidfd, 0):
                 # a reading may already count this worker's own kill: see oom_baseline
                 slot.oom_before = _memory.oom_baseline(slot.oom_before, slot.oom_last, count)

@@ -112,6 +112,6 @@ def check(
         min_available=(
             _sizing.check_memory(min_available_memory) if min_available_memory is not None else None
         ),
-        available_memory=_sizing.available_memory_bytes,
+        available_memory=_sizing.AvailableMemory(),
     )
     return Checked(workers, max_queue, settings)

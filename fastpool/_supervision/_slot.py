@@ -66,7 +66,7 @@ class Slot:
         self.init_error: BaseException | None = None
         self.mem: _memory.WorkerMemory | None = None
         self.cg: dict | None = None
-        self.cg_text: str | None = None
+        self.cg_text: bytes | None = None  # /proc/<pid>/cgroup at the last resolution
         self.oom_before: int | None = None
         self.oom_last: int | None = None
         self.baseline: int | None = None

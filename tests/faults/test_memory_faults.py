@@ -156,6 +156,27 @@ def test_external_sigkill_is_not_reported_as_oom(monitor, tmp_path):
         assert rec["cause"] == "died" and "not the OOM killer" in rec["evidence"]
 
 
+def test_a_tick_reads_one_oom_counter_per_cgroup_not_per_worker(monitor, tmp_path):
+    # Both workers live in this process's cgroup: one reading of its counter serves both
+    # (each read is an open, a read and a parse of a cgroup file, every tick).
+    with fastpool.Pool(2, memory_interval_s=0.02) as p:
+        marks = [tmp_path / f"started{i}" for i in range(2)]
+        futs = [p.submit(_tasks.touch_then_sleep, str(m), i, 30) for i, m in enumerate(marks)]
+        try:
+            wait_for(lambda: all(m.exists() for m in marks), what="both tasks to start")
+            assert len(set(p.pids())) == 2
+            monitor.wait_ticks()
+            reads, ticks = len(monitor.counter_reads), monitor.ticks
+            monitor.wait_ticks(6)
+            read, ticked = len(monitor.counter_reads) - reads, monitor.ticks - ticks
+            assert 1 <= read <= ticked + 1, f"{read} reads in {ticked} ticks"
+        finally:
+            p.kill_workers()  # the 30 s tasks fail with WorkerCrashed: not what is tested
+        for fut in futs:
+            with pytest.raises(WorkerCrashed):
+                fut.result(timeout=30)
+
+
 EVENTS = "low 0\nhigh 0\nmax 0\noom 0\noom_kill {}\noom_group_kill 0\n"
 
 

@@ -12,6 +12,7 @@ import pytest
 from fastpool._supervision import _sizing
 from fastpool._supervision._sizing import (
     BLAS_THREAD_VARS,
+    AvailableMemory,
     available_memory_bytes,
     blas_thread_env,
     cgroup_memory_headroom_bytes,
@@ -352,6 +353,31 @@ def test_memory_figures_come_from_meminfo_without_psutil(
     )
     assert total_memory_bytes(root=limited) == GiB
     assert available_memory_bytes(root=limited) == GiB - GiB // 4
+
+
+def test_the_supervisors_reading_finds_the_limited_levels_once_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every memory_interval_s the supervisor asks for available memory: usage and
+    # MemAvailable are read each time, the levels with a limit only every RESOLVE_S
+    # (finding them reads the mount table, our cgroup and every level's limit).
+    leaf = tmp_path / "sys/fs/cgroup/user.slice/app"
+    root = with_meminfo(
+        v2_root(tmp_path, {"memory.max": str(GiB), "memory.current": str(GiB // 4)}), MEMINFO
+    )
+    clock = [100.0]
+    monkeypatch.setattr(_sizing.time, "monotonic", lambda: clock[0])
+    reading = AvailableMemory(root)
+    assert reading() == GiB - GiB // 4
+    (leaf / "memory.current").write_text(str(GiB // 2))
+    (leaf / "memory.max").write_text("max")
+    assert reading() == GiB - GiB // 2  # usage now; the limit as found a moment ago
+    clock[0] += AvailableMemory.RESOLVE_S
+    assert reading() == 20000000 * 1024  # the limit is gone: MemAvailable alone
+    (leaf / "memory.max").write_text(str(2 * GiB))
+    assert reading() == 20000000 * 1024
+    clock[0] += AvailableMemory.RESOLVE_S
+    assert reading() == 2 * GiB - GiB // 2  # a limit set while the pool runs
 
 
 def test_a_kernel_without_memavailable_falls_back_to_psutil(tmp_path: Path) -> None:
