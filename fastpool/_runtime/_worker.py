@@ -2,9 +2,10 @@
 
     template fork -> main(board_fd, slot)
         attach board (and arena); slot.state = STARTING, slot.pid
-        heartbeat thread: slot.heartbeat += 1 every HEARTBEAT_INTERVAL_S (needs the GIL,
-                          so a worker wedged in C code holding the GIL stops beating)
-        pop K_INIT: run initializer(*initargs); failure -> R_INIT_FAILED, exit 3
+        pop K_INIT: initializer, initargs, blas threads, the pool's hang_timeout
+        heartbeat thread: slot.heartbeat += 1 every beat_interval(hang_timeout) (needs the
+                          GIL, so a worker wedged in C code holding the GIL stops beating)
+        run initializer(*initargs); failure -> R_INIT_FAILED, exit 3
         slot.state = READY; push R_READY
         _serve.serve(): the compiled task loop, until K_STOP or the parent is gone
 
@@ -24,8 +25,13 @@ from typing import Any, Callable
 from fastpool._runtime import _arrays, _call, _codec, _mainns
 from fastpool._runtime._codec import R_INIT_FAILED, R_READY
 
-HEARTBEAT_INTERVAL_S = 0.05
-BEAT_IDLE_TICKS = 2  # beats with no task taken before the heartbeat thread sleeps (0.1 s)
+# A beat needs the GIL: the running task's thread hands it over and back, and the
+# beating thread's wake preempts a busy CPU (~20 wakes a second per worker at 0.05 s,
+# measured on a map of 50 ms tasks).  So the pool's hang_timeout sets the pace: a
+# twentieth of it, between these bounds (1 s for the default 60 s).
+HEARTBEAT_MIN_S = 0.05
+HEARTBEAT_MAX_S = 1.0
+BEAT_IDLE_S = 0.1  # idle this long (whole beats, at least one) before the heartbeat sleeps
 BEAT_PARK_S = 60.0  # the bound on that sleep; the worker's next task ends it at once
 POP_SLICE_S = 0.1
 SPIN_AFTER_TASK_S = float(os.environ.get("FASTPOOL_WORKER_SPIN_US", "60")) * 1e-6
@@ -35,21 +41,32 @@ EXIT_NO_INIT = 4
 EXIT_INIT_FAILED = 3
 
 
-def _heartbeat(board: Any, slot: int, stop: threading.Event) -> None:
+def beat_interval(hang_timeout: float | None) -> float:
+    """Seconds between a busy worker's beats for the pool's ``hang_timeout``: a twentieth of
+    it within [HEARTBEAT_MIN_S, HEARTBEAT_MAX_S], so the parent (which reads beats every
+    0.1 s) sees a live worker beat many times in every ``hang_timeout``.  None (no hang
+    detection): the slowest pace."""
+    if not hang_timeout:
+        return HEARTBEAT_MAX_S
+    return min(HEARTBEAT_MAX_S, max(HEARTBEAT_MIN_S, hang_timeout / 20))
+
+
+def _heartbeat(board: Any, slot: int, stop: threading.Event, interval: float) -> None:
     # The parent reads heartbeats only while this worker holds a task, so an idle
     # worker's thread sleeps until the next task starts (fp_slot_start wakes it);
-    # after 0.1 s of idling, so that back-to-back short tasks never pay the wake (one
-    # futex wake on the worker's path to its next task).  It was 1 s: 20 beats of every
-    # idle worker after each batch, ~1.5-2 ms of CPU per worker in that second.
+    # after BEAT_IDLE_S of idling, so that back-to-back short tasks never pay the wake
+    # (one futex wake on the worker's path to its next task).  It was 1 s: 20 beats of
+    # every idle worker after each batch, ~1.5-2 ms of CPU per worker in that second.
     idle, seen = 0, -1
-    while not stop.wait(HEARTBEAT_INTERVAL_S):
+    idle_beats = max(1, round(BEAT_IDLE_S / interval))
+    while not stop.wait(interval):
         board.beat(slot)
         _, _, cur, _, served = board.slot_info(slot)
         if cur or served != seen:
             idle, seen = 0, served
             continue
         idle += 1
-        if idle >= BEAT_IDLE_TICKS:
+        if idle >= idle_beats:
             board.park_beat(slot, served, BEAT_PARK_S)
             idle = 0
 
@@ -73,9 +90,6 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
     board.set_state(slot, SLOT_STARTING, pid)
     _call.CURRENT["board"], _call.CURRENT["slot"] = board, slot
     stop = threading.Event()
-    # _thread, not Thread.start(): that waits until the new thread has run, a wait every
-    # worker's start would pay (the GIL and, on a busy machine, a CPU to run on).
-    _thread.start_new_thread(_heartbeat, (board, slot, stop))
     parent = os.getppid()
 
     # Only the K_INIT of our own spawn request: a worker forked for a request its
@@ -84,7 +98,11 @@ def main(board_fd: int, slot: int, env: dict, arena_fd: int = -1, req: int = 0) 
     if rec is None:
         return EXIT_NO_INIT
     try:
-        initializer, initargs, blas_threads = _codec.loads(rec)
+        initializer, initargs, blas_threads, hang_timeout = _codec.loads(rec)
+        # _thread, not Thread.start(): that waits until the new thread has run, a wait
+        # every worker's start would pay (the GIL and, on a busy machine, a CPU to run on).
+        # Beats are read only once the worker is ready: none are due while it starts.
+        _thread.start_new_thread(_heartbeat, (board, slot, stop, beat_interval(hang_timeout)))
         if blas_threads and blas_threads > 1:
             _set_blas_threads(blas_threads)
         if initializer is not None:

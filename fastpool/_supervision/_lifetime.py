@@ -134,7 +134,9 @@ def start(
         )
         opened.append(arena)
         try:
-            init_payload = _codec.encode_init((init_fn, tuple(initargs), blas_threads), arena, keep)
+            init_payload = _codec.encode_init(
+                (init_fn, tuple(initargs), blas_threads, settings["hang_timeout"]), arena, keep
+            )
         except errors.SerializationError as exc:
             _refuse_inherited_only(exc)
             raise
