@@ -92,6 +92,38 @@ def test_a_caller_waiting_on_one_long_task_leaves_the_collector_asleep():
         assert done.wait(30)
 
 
+def test_a_drive_keeps_the_collector_away_in_one_wait_not_in_grace_slices():
+    # While a caller drives, the collector used to look again every COLLECTOR_GRACE_S
+    # until the drive was NAP_AFTER_S old: two or three wake-ups per result of a map of
+    # long tasks, each one preempting a busy CPU.  It now waits out the rest of
+    # NAP_AFTER_S at once: a grace-long wait while a drive runs happens only when that
+    # rest was shorter than the grace, at most once per drive.
+    from fastpool._runtime import _dispatch
+
+    with fastpool.Pool(1) as p:
+        assert p.submit(_tasks.double, 1).result(timeout=30) == 2
+        handoff, board = p._rt.handoff, p._board
+        waits: list[tuple[float, bool]] = []
+        real_wait = handoff.wait
+
+        def wait(timeout=None):
+            waits.append((timeout, board.wanted()))
+            return real_wait(timeout)
+
+        handoff.wait = wait
+        try:
+            drives = 4
+            for i in range(drives):  # one drive each, of 0.2 s
+                assert p.submit(_tasks.sleep_then, i, 0.2).result(timeout=30) == i
+        finally:
+            del handoff.wait
+        grace_while_driven = [
+            t for t, wanted in waits if wanted and t == _dispatch.COLLECTOR_GRACE_S
+        ]
+        assert len(grace_while_driven) <= drives, waits
+        assert any(t == _dispatch.PARK_SLICE_S for t, _ in waits), "the collector never napped"
+
+
 def test_a_busy_workers_beats_follow_hang_timeout():
     # Each beat takes the GIL from the task and wakes a thread on a busy CPU: a worker
     # beats a twentieth of hang_timeout apart (50 ms to 1 s), not every 50 ms whatever
