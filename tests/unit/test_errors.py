@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import inspect
 import pickle
 import queue
@@ -104,7 +105,12 @@ def test_every_class_is_exported_from_the_package() -> None:
 
 
 def raised(exc: BaseException) -> BaseException:
-    """The instance as it crosses processes: raised, with a traceback and a cause."""
+    """A copy of the instance as it crosses processes: raised, with a traceback and a cause.
+
+    A copy: raising SAMPLES' own instance gave it that cause for the tests after this one,
+    and a copy pickled after tblib's pickling support is installed (distributed installs
+    it; test_bench_workloads imports Dask) carries its cause along."""
+    exc = copy.copy(exc)
     try:
         raise exc from KeyError("cause")
     except BaseException as caught:  # noqa: BLE001
