@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 import threading
-import time
 import traceback
 import weakref
 from typing import Any, Callable, Literal
@@ -167,43 +166,6 @@ def start(
     return rt
 
 
-def _started_now(timeout: float | None = None) -> bool:
-    return True
-
-
-class _Thread(threading.Thread):
-    """A thread whose ``start`` returns without waiting for the new thread to run.
-
-    ``threading.Thread.start`` waits until the new thread holds the GIL and has begun.
-    A first pool's constructor paid that twice while its template and workers were
-    starting on the same CPUs: 5-6 ms of a 15 ms constructor with scikit-learn loaded
-    (2 vCPUs, measured).  Neither the supervisor nor the collector is needed for a first
-    result (the caller drives the rings), so the constructor no longer waits for them.
-    ``join`` first waits for the start, which ``Thread.join`` requires.  Both lean on
-    ``Thread._started`` (an Event in every CPython from 3.6 to 3.15); without it, the
-    plain ``start``."""
-
-    def start(self) -> None:
-        started = getattr(self, "_started", None)
-        if not isinstance(started, threading.Event):
-            return super().start()
-        started.wait = _started_now  # type: ignore[method-assign]  # Thread.start's wait
-        try:
-            super().start()
-        finally:
-            del started.wait
-
-    def join(self, timeout: float | None = None) -> None:
-        started = getattr(self, "_started", None)
-        if isinstance(started, threading.Event):
-            deadline = None if timeout is None else time.monotonic() + timeout
-            if not started.wait(timeout):
-                return  # not begun within the timeout: a join that timed out
-            if deadline is not None:
-                timeout = max(0.0, deadline - time.monotonic())
-        super().join(timeout)
-
-
 class Runtime:
     """A pool's running parts and their life: threads, teardown.  Holds no Pool."""
 
@@ -222,8 +184,10 @@ class Runtime:
         self.owner_pid = os.getpid()
         self.torn_down = threading.Event()
         self.handoff = threading.Event()
-        self.supervisor_thread = _Thread(target=sup.run, name="fastpool-supervisor", daemon=True)
-        self.collector_thread = _Thread(
+        self.supervisor_thread = threading.Thread(
+            target=sup.run, name="fastpool-supervisor", daemon=True
+        )
+        self.collector_thread = threading.Thread(
             target=self._collect, name="fastpool-collector", daemon=True
         )
 
