@@ -156,6 +156,23 @@ def blas_threads_chosen() -> bool:
     return any(v in os.environ for v in BLAS_VARS)
 
 
+def exported_count(lib: Any) -> Any:
+    """The C int in which ``lib`` (an OpenBLAS) keeps its thread count
+    (``blas_cpu_number``, a ctypes ``c_int``), where the build exports it and it agrees
+    with ``openblas_get_num_threads``; None otherwise (NumPy 2.5's OpenBLAS 0.3.34 hides
+    it)."""
+    import ctypes
+
+    get = _openblas_call(lib, "get_num_threads")
+    if get is None:
+        return None
+    try:
+        cell = ctypes.c_int.in_dll(lib, "blas_cpu_number")
+    except ValueError:  # not exported by this build
+        return None
+    return cell if cell.value == get() else None
+
+
 def pin_openblas(
     n: int, libs: list[str] | None = None
 ) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -172,22 +189,17 @@ def pin_openblas(
     which restarts its pool at once, and each new OpenBLAS thread then spins about
     0.1 s waiting for work (measured: 100 ms of CPU per thread, taken from the first
     pool's starting workers on a small machine)."""
-    import ctypes
 
     cells, saved = [], []
     for lib in openblas_pools(libs):
         get, set_ = _openblas_call(lib, "get_num_threads"), _openblas_call(lib, "set_num_threads")
         if get is None or set_ is None:
             continue
-        try:
-            cell = ctypes.c_int.in_dll(lib, "blas_cpu_number")
-        except ValueError:  # not exported by this build
-            cell = None
-        count = get()
-        if cell is not None and cell.value == count:
+        cell = exported_count(lib)
+        if cell is not None:
             cells.append(cell)
         else:
-            saved.append((set_, count))
+            saved.append((set_, get()))
             set_(n)
 
     def in_child() -> None:

@@ -378,19 +378,11 @@ def test_a_forked_templates_workers_run_one_openblas_thread_and_the_parents_pool
         def native_threads():  # threads Python did not start: OpenBLAS's pool
             return _forksafe.os_threads() - threading.active_count()
 
-        def exported(lib):
-            try:
-                ctypes.c_int.in_dll(lib, "blas_cpu_number")
-            except ValueError:
-                return False
-            return True
-
         if __name__ == "__main__":
-            import ctypes
             a = np.ones((400, 400))
             a @ a
             up = native_threads()
-            hidden = not all(exported(lib) for lib in _forksafe.openblas_pools())
+            hidden = not all(_forksafe.exported_count(lib) for lib in _forksafe.openblas_pools())
             with fastpool.Pool(2, blas_threads=1) as p:
                 workers = sorted(map(tuple, p.run_on_workers(openblas_counts).values()))
                 during = native_threads()
