@@ -111,38 +111,60 @@ class MemoryTick:
     def may_have_grown(self, slot: Slot) -> bool:
         """Starting (its initializer runs), holding a task, or served one since its last
         sample: an idle worker that was sampled after its last task is not sampled again."""
+        return self._sample_due(slot, None) is not None
+
+    def _sample_due(self, slot: Slot, now: float | None) -> bool | None:
+        """None: nothing it owns changed since its last sample (idle since).  True: sample
+        it now (new, starting, served a task since and idle now, or ``now`` is past its
+        pace, _watch.sample_pace).  False: busy, and its next sample is not due yet."""
         if slot.state != "ready" or slot.mem is None or slot.mem.pid != slot.pid:
             return True
         _, _, served, assigned = self.sup.disp.slot_view(slot.id)
-        return bool(assigned) or served != slot.mem_served
+        if not assigned:
+            return True if served != slot.mem_served else None
+        return now is None or now >= slot.mem_next
 
     def check(self) -> None:
-        """Owned memory per worker (limit, leak), its cgroup's OOM counter, and system pressure."""
+        """Owned memory per worker (limit, leak), its cgroup's OOM counter, and system
+        pressure.  Pressure and the OOM counters are read at every check; a busy worker's
+        own memory at its pace (_watch.sample_pace: every check near its memory_limit, up to
+        RELAXED_S apart far from it), which keeps a check's cost from growing with the
+        workers while none is near a limit."""
         now = time.monotonic()
-        limit, leak = self.sup.settings["memory_limit"], self.sup.settings["leak_threshold"]
+        settings = self.sup.settings
+        limit, leak = settings["memory_limit"], settings["leak_threshold"]
         counts: dict[tuple, int | None] = {}  # one reading per cgroup this tick: workers share one
         for slot in self.sup.slots:
             pid = slot.pid
             if pid is None or not slot.live or slot.kill is not None:
                 continue
-            if not self.may_have_grown(slot):
+            due = self._sample_due(slot, now)
+            if due is None:
                 continue  # idle since its last sample: nothing it owns has changed
-            slot.mem_served = self.sup.disp.slot_view(slot.id)[2]  # before the sample: never late
-            if slot.mem is None or slot.mem.pid != pid:
-                slot.mem = _memory.WorkerMemory(slot.id, pid)
-            # what it owns: private memory, plus its own arena blocks (its NumPy arrays
-            # live there, through the allocator hook), never the shared data it reads
-            sample = slot.mem.sample(now, self.sup.arena.held_bytes(slot.id + 1))
-            if sample is None or sample.total_rss_bytes == 0:  # dying: see oom_baseline
+            sample = None
+            if due:
+                slot.mem_served = self.sup.disp.slot_view(slot.id)[2]  # before the sample
+                if slot.mem is None or slot.mem.pid != pid:
+                    slot.mem = _memory.WorkerMemory(slot.id, pid)
+                # what it owns: private memory, plus its own arena blocks (its NumPy arrays
+                # live there, through the allocator hook), never the shared data it reads
+                sample = slot.mem.sample(now, self.sup.arena.held_bytes(slot.id + 1))
+                if sample is None or sample.total_rss_bytes == 0:  # dying: see oom_baseline
+                    continue
+                slot.mem_next = now + _watch.sample_pace(
+                    sample.rss_bytes, limit, settings["memory_interval_s"]
+                )
+                # A worker (or its task) may move itself to another cgroup: follow it at
+                # each sample, and read that cgroup's OOM counter at every check while the
+                # worker is alive, so that after a SIGKILL we compare the same cgroup's
+                # counter before and after.
+                where = _sizing.read_bytes_or_none(f"/proc/{pid}/cgroup")
+                if where != slot.cg_text or slot.cg is None:  # resolving costs ~100 us
+                    slot.cg_text = where
+                    slot.cg = _memory.cgroup_of(pid)
+                    slot.oom_before = slot.oom_last = None  # another cgroup: another counter
+            if slot.cg is None:
                 continue
-            # A worker (or its task) may move itself to another cgroup: follow it every
-            # tick, and read that cgroup's OOM counter while the worker is alive, so that
-            # after a SIGKILL we compare the same cgroup's counter before and after.
-            where = _sizing.read_bytes_or_none(f"/proc/{pid}/cgroup")
-            if where != slot.cg_text or slot.cg is None:  # resolving the paths costs ~100 us
-                slot.cg_text = where
-                slot.cg = _memory.cgroup_of(pid)
-                slot.oom_before = slot.oom_last = None  # another cgroup: another counter
             key = (slot.cg.get("v2"), slot.cg.get("v1_memory"))
             if key not in counts:
                 counts[key] = _memory.oom_kill_count(slot.cg)
@@ -151,6 +173,8 @@ class MemoryTick:
                 # a reading may already count this worker's own kill: see oom_baseline
                 slot.oom_before = _memory.oom_baseline(slot.oom_before, slot.oom_last, count)
                 slot.oom_last = count
+            if sample is None:
+                continue  # the rest decides on a new sample
             if _watch.over_memory_limit(sample.rss_bytes, limit):
                 cur = self.sup.board.current(slot.id) if slot.state == "ready" else 0
                 with self.sup.lock:

@@ -46,6 +46,7 @@ class Slot:
         "start_deadline",
         "kill_pending",
         "mem_served",
+        "mem_next",
         "wire_seen",
     )
 
@@ -76,6 +77,7 @@ class Slot:
         self.kill_pending = False  # a SIGKILL decided before the worker's pidfd arrived
         self.wire_seen = 0  # the task named by the dispatcher while the worker's word is 0
         self.mem_served = -1  # the dispatcher's count of its replies at its last memory sample
+        self.mem_next = 0.0  # while it runs tasks: when its next memory sample is due
 
     @property
     def live(self) -> bool:

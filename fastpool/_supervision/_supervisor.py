@@ -72,6 +72,20 @@ IDLE_LINGER_S = 0.2
 _reqs = itertools.count(1)
 
 
+LIVENESS_TICK_S = 0.1  # how often running tasks' timeouts and heartbeats are looked at
+QUIET_TICK_S = 0.5  # the thread's tick with neither timeouts nor memory to watch sooner
+
+
+def tick_s(
+    task_timeout: float | None, hang_timeout: float | None, memory_interval_s: float
+) -> float:
+    """How long the supervisor's thread may sleep while it watches running tasks: the
+    timeouts' pace if there are any, and never longer than ``memory_interval_s`` (a
+    memory check is due each time that passes)."""
+    t = LIVENESS_TICK_S if (task_timeout or hang_timeout) else QUIET_TICK_S
+    return min(t, memory_interval_s)
+
+
 class Supervisor:
     """Owns the worker processes of one pool.  See the module docstring.
 
@@ -445,7 +459,7 @@ class Supervisor:
 
     def _next_timeout(self) -> float | None:
         s = self.settings
-        t: float | None = 0.1 if (s["task_timeout"] or s["hang_timeout"]) else 0.5
+        t: float | None = tick_s(s["task_timeout"], s["hang_timeout"], s["memory_interval_s"])
         if not self._watching(time.monotonic()):
             t = None  # nothing to time or sample: sleep until woken
         with self.lock:

@@ -45,6 +45,25 @@ def liveness_kill(
     return None
 
 
+# How fast a worker's memory can grow, at most, for the time one may go unsampled: page
+# faults on fresh anonymous memory ran at 0.7 GiB/s on this project's VM, and run at a few
+# GiB/s per core on bare metal, more with transparent huge pages.
+GROWTH_BPS = 16 << 30
+# A busy worker far from its memory_limit, or with none, is sampled this often: its stats
+# row and leak_threshold wait no longer than this for a reading.
+RELAXED_S = 1.0
+
+
+def sample_pace(owned: int, limit: int | None, interval_s: float) -> float:
+    """Seconds until a busy worker owning ``owned`` bytes needs its next memory sample: the
+    time its memory would take to reach ``limit`` at GROWTH_BPS, within ``interval_s``
+    (memory_interval_s) and RELAXED_S (or ``interval_s`` if that is longer)."""
+    relaxed = max(interval_s, RELAXED_S)
+    if limit is None:
+        return relaxed
+    return min(relaxed, max(interval_s, (limit - owned) / GROWTH_BPS))
+
+
 def over_memory_limit(owned: int, limit: int | None) -> bool:
     """Whether a worker owning ``owned`` bytes is over ``limit``; never with no limit."""
     return limit is not None and 0 < limit < owned

@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import threading
+import time
 from pathlib import Path
 
 import _arrays
@@ -23,7 +24,7 @@ from _waiting import wait_for
 
 import fastpool
 from fastpool import WorkerCrashed, WorkerMemoryError
-from fastpool._supervision import _memory, _memory_tick
+from fastpool._supervision import _memory, _memory_tick, _watch
 
 pytestmark = pytest.mark.faults
 
@@ -175,6 +176,43 @@ def test_a_tick_reads_one_oom_counter_per_cgroup_not_per_worker(monitor, tmp_pat
         for fut in futs:
             with pytest.raises(WorkerCrashed):
                 fut.result(timeout=30)
+
+
+def test_a_busy_worker_far_from_any_limit_is_sampled_at_a_relaxed_pace(monitor, tmp_path):
+    # No memory_limit: its own memory is read every RELAXED_S, not at every check, so a
+    # check's cost does not grow with the workers (the OOM counter is read at every check).
+    with fastpool.Pool(1, memory_interval_s=0.02) as p:
+        fut = _busy(p, tmp_path)
+        try:
+            monitor.wait_ticks()
+            samples, ticks, reads = monitor.samples, monitor.ticks, len(monitor.counter_reads)
+            t0 = time.monotonic()
+            monitor.wait_ticks(30)
+            elapsed = time.monotonic() - t0
+            sampled, ticked = monitor.samples - samples, monitor.ticks - ticks
+            assert len(monitor.counter_reads) - reads >= ticked - 1
+            assert sampled <= 1 + elapsed / _watch.RELAXED_S, (sampled, ticked, elapsed)
+        finally:
+            p.kill_workers()  # the 30 s task fails with WorkerCrashed: not what is tested
+        with pytest.raises(WorkerCrashed):
+            fut.result(timeout=30)
+
+
+def test_a_busy_worker_near_its_memory_limit_is_sampled_at_every_check(monitor, tmp_path):
+    # At _watch.GROWTH_BPS a worker covers 300 MiB within one 20 ms check: each check
+    # samples it.
+    with fastpool.Pool(1, memory_limit="300MiB", memory_interval_s=0.02) as p:
+        fut = _busy(p, tmp_path)
+        try:
+            monitor.wait_ticks()
+            samples, ticks = monitor.samples, monitor.ticks
+            monitor.wait_ticks(10)
+            sampled, ticked = monitor.samples - samples, monitor.ticks - ticks
+            assert sampled >= ticked - 1, (sampled, ticked)
+        finally:
+            p.kill_workers()
+        with pytest.raises(WorkerCrashed):
+            fut.result(timeout=30)
 
 
 EVENTS = "low 0\nhigh 0\nmax 0\noom 0\noom_kill {}\noom_group_kill 0\n"

@@ -116,6 +116,28 @@ def test_memory_kills_only_over_a_limit() -> None:
     assert kill.cause is Cause.MEMORY and kill.wire is None and "3.0 MiB" in kill.detail
 
 
+def test_a_busy_workers_memory_is_sampled_as_often_as_its_limit_needs() -> None:
+    # the time to reach the limit at the growth bound, within the check's interval and
+    # RELAXED_S; with no limit, RELAXED_S; a longer interval than RELAXED_S wins
+    gib, relaxed = 1 << 30, _watch.RELAXED_S
+    assert _watch.sample_pace(gib, None, 0.1) == relaxed
+    assert _watch.sample_pace(gib, gib + (100 << 20), 0.1) == 0.1  # 100 MiB: 6 ms away
+    assert _watch.sample_pace(gib, 3 * gib, 0.1) == 2 * gib / _watch.GROWTH_BPS
+    assert _watch.sample_pace(gib, 64 * gib, 0.1) == relaxed
+    assert _watch.sample_pace(2 * gib, gib, 0.1) == 0.1  # over it: at the next check
+    assert _watch.sample_pace(gib, None, 5.0) == 5.0
+
+
+def test_the_supervisor_ticks_at_least_as_often_as_memory_interval_s() -> None:
+    from fastpool._supervision._supervisor import LIVENESS_TICK_S, QUIET_TICK_S, tick_s
+
+    assert tick_s(None, 60.0, 0.1) == min(LIVENESS_TICK_S, 0.1)
+    assert tick_s(None, 60.0, 0.02) == 0.02  # memory_interval_s below the liveness pace
+    assert tick_s(None, None, 0.1) == 0.1  # no timeouts: memory alone sets the pace
+    assert tick_s(None, None, 5.0) == QUIET_TICK_S
+    assert tick_s(1.0, None, 5.0) == LIVENESS_TICK_S
+
+
 def test_pressure_pauses_below_the_floor() -> None:
     assert _watch.paused_by_pressure(1, 2) and not _watch.paused_by_pressure(2, 2)
 
