@@ -32,6 +32,7 @@ from _peer_pytest import PLUGIN_DIR, ROOT, count, run_suite, undocumented
 HOOK_DIR = PLUGIN_DIR / "hook"
 FILES = ("test_parallel.py", "test_memmapping.py")
 PTH_NAME = "_fastpool_joblib_suite.pth"
+PLUGIN = "joblib_fastpool_plugin"
 
 
 _NESTED_MP = (
@@ -101,6 +102,11 @@ def _write_pth() -> Path:
     return pth
 
 
+def _ok(row: dict) -> bool:
+    # xpassed: a case joblib marks xfail(strict=False) that passed (joblib accepts it)
+    return row["outcome"] in ("passed", "skipped", "xfailed", "xpassed")
+
+
 def test_every_expected_failure_is_a_documented_row() -> None:
     missing = undocumented(EXPECTED_FAILURES)
     assert not missing, f"not in docs/joblib.md: {missing}"
@@ -114,15 +120,20 @@ def test_joblib_suite_passes_or_fails_as_listed(tmp_path: Path) -> None:
         pytest.skip(f"{_site_packages()} is not writable: the scripts' hook cannot be installed")
     # TMPDIR only (run_suite's): JOBLIB_TEMP_FOLDER fails test_memmapping_on_large_enough_dev_shm
     pth = _write_pth()
+    env = {"FASTPOOL_JOBLIB_SUITE": str(ROOT)}
     try:
         rows = run_suite(
-            tmp_path,
-            tests.parent,
-            [str(tests / f) for f in FILES],
-            ["joblib_fastpool_plugin"],
-            {"FASTPOOL_JOBLIB_SUITE": str(ROOT)},
-            timeout_s=840,
+            tmp_path, tests.parent, [str(tests / f) for f in FILES], [PLUGIN], env, 840
         )
+        # A failed control case (joblib's own backends: loky, multiprocessing, threading)
+        # runs once more, alone: one such case, joblib's multiprocessing backend starting
+        # an mp.Manager whose server process died at birth (EOFError), failed once in a
+        # dozen full runs and passed alone.  fastpool's own cases get no second run.
+        again = [n for n, r in rows.items() if r["kind"] != "fastpool" and not _ok(r)]
+        if again:
+            print(f"control cases run again: {again}", file=sys.stderr)
+            targets = [str(tests.parent / n) for n in again]
+            rows.update(run_suite(tmp_path / "again", tests.parent, targets, [PLUGIN], env, 300))
     finally:
         pth.unlink()
     bad = []
@@ -131,8 +142,7 @@ def test_joblib_suite_passes_or_fails_as_listed(tmp_path: Path) -> None:
         if row["kind"] == "fastpool" and key in EXPECTED_FAILURES:
             if row["outcome"] != "failed":
                 bad.append(f"{key}: listed as an expected failure, but {row['outcome']}")
-        # xpassed: a case joblib marks xfail(strict=False) that passed (joblib accepts it)
-        elif row["outcome"] not in ("passed", "skipped", "xfailed", "xpassed"):
+        elif not _ok(row):
             bad.append(f"{row['kind']} {key}: {row['outcome']}\n{row['detail']}")
     counts = count(rows)
     print(json.dumps(counts), file=sys.stderr)
